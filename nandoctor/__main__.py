@@ -1,0 +1,3 @@
+from nandoctor.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""Read a checkpoint the safe way and put it into the model, optimizer and scaler.
+
+Two forms are accepted: a model `state_dict`, or `{"model": ..., "optimizer": ...,
+"scaler": ..., "step": N}` (all but "model" optional). The file is only ever read, with
+`torch.load(weights_only=True)`, which refuses pickled code.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nandoctor.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    model: Mapping[str, Any]
+    optimizer: Mapping[str, Any] | None = None
+    scaler: Mapping[str, Any] | None = None
+    step: int = 0
+
+
+def load(path: Path) -> CheckpointState:
+    if not path.is_file():
+        raise ConfigError(f"checkpoint: file not found: {path}")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(
+            f"checkpoint: {path} holds more than tensors (pickled code or objects), which "
+            f"torch.load(weights_only=True) refuses: {str(e).splitlines()[0]}",
+            hint="re-save it with torch.save(model.state_dict(), path)",
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"checkpoint: {path} is not a readable torch checkpoint: {first}") from None
+    return _interpret(path, raw)
+
+
+def _interpret(path: Path, raw: Any) -> CheckpointState:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"checkpoint: {path} holds a {type(raw).__name__}, expected a state_dict or a dict")
+    if "model" in raw and isinstance(raw["model"], Mapping):
+        step = raw.get("step", 0)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"checkpoint: {path}: 'step' is {step!r}, expected an integer >= 0")
+        return CheckpointState(raw["model"], raw.get("optimizer"), raw.get("scaler"), step)
+    return CheckpointState(raw)
+
+
+def restore_model(model: torch.nn.Module, state: CheckpointState) -> None:
+    try:
+        model.load_state_dict(state.model)
+    except (RuntimeError, KeyError, TypeError) as e:
+        raise ConfigError(f"checkpoint: does not fit the model: {_first_lines(e)}") from None
+
+
+def restore_training_state(
+    state: CheckpointState, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+) -> None:
+    if state.optimizer is not None:
+        try:
+            optimizer.load_state_dict(state.optimizer)
+        except (ValueError, KeyError, RuntimeError, TypeError) as e:
+            raise ConfigError(f"checkpoint: 'optimizer' does not fit the optimizer: {_first_lines(e)}") from None
+    if state.scaler is not None and scaler is not None:
+        scaler.load_state_dict(dict(state.scaler))
+
+
+def _first_lines(error: BaseException, n: int = 2) -> str:
+    return " ".join(line.strip() for line in str(error).splitlines()[:n])

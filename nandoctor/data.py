@@ -1,0 +1,92 @@
+"""The stream of batches a replay steps through, numbered by optimizer step.
+
+Epochs cycle until the run has its steps: a list or a DataLoader is iterated again; a
+one-shot iterator (a generator) is rebuilt by calling the user's data callable again.
+
+NB: the stream draws its randomness (a DataLoader's shuffle, a generator's torch.rand)
+from a generator of its own, seeded from the run's seed, never from the global one that
+dropout and initialisation use. So the batches are the same whatever the model does with
+the global RNG: a float16 and a bfloat16 run see identical batches in identical order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from nandoctor.errors import ConfigError, user_code
+
+
+class BatchStream:
+    """Yields `(step, batch)` from `start_step`, cycling epochs of the user's data."""
+
+    def __init__(self, make: Callable[[], Iterable[Any]], seed: int, start_step: int = 0):
+        self._make = make
+        self._start_step = start_step
+        self._torch_state = torch.Generator().manual_seed(seed).get_state()
+        self._py_state = random.Random(seed).getstate()
+        self._first: Iterable[Any] | None = None
+
+    def first_epoch(self) -> Iterable[Any]:
+        """The user's data, built once (with the stream's own RNG) and kept for epoch 1."""
+        if self._first is None:
+            self._first = self._private_rng(lambda: self._call_make())
+            if not _is_iterable(self._first):
+                raise ConfigError(
+                    f"data: returned a {type(self._first).__name__}, expected an iterable of batches"
+                )
+        return self._first
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        step, epoch = self._start_step, 0
+        while True:
+            source = self.first_epoch() if epoch == 0 else self._epoch_source()
+            iterator = self._private_rng(lambda: iter(source))  # noqa: B023
+            empty = True
+            while True:
+                batch = self._private_rng(lambda: next(iterator, _END))  # noqa: B023
+                if batch is _END:
+                    break
+                empty = False
+                yield step, batch
+                step += 1
+            if empty:
+                which = "the first epoch" if epoch == 0 else f"epoch {epoch + 1}"
+                raise ConfigError(f"data: yielded no batches in {which}")
+            epoch += 1
+
+    def _epoch_source(self) -> Iterable[Any]:
+        first = self.first_epoch()
+        # A one-shot iterator (a generator) is spent after an epoch: build a fresh one.
+        return self._private_rng(self._call_make) if isinstance(first, Iterator) else first
+
+    def _call_make(self) -> Iterable[Any]:
+        with user_code("data"):
+            return self._make()
+
+    def _private_rng(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` with the stream's RNG state swapped into torch's and Python's globals."""
+        torch_saved, py_saved = torch.get_rng_state(), random.getstate()
+        torch.set_rng_state(self._torch_state)
+        random.setstate(self._py_state)
+        try:
+            with user_code("data"):
+                return fn()
+        finally:
+            self._torch_state, self._py_state = torch.get_rng_state(), random.getstate()
+            torch.set_rng_state(torch_saved)
+            random.setstate(py_saved)
+
+
+_END = object()
+
+
+def _is_iterable(obj: Any) -> bool:
+    try:
+        iter(obj)
+    except TypeError:
+        return False
+    return True

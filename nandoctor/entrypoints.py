@@ -1,0 +1,92 @@
+"""Resolve `package.module:attribute` and `path/to/file.py:attribute` to Python objects.
+
+A file path is relative to the config file; `python_path` folders go on `sys.path` first.
+Anything wrong with the *name* (no such module, file or attribute, not callable) is a
+config error (exit 2). An exception raised while the user's module runs its top level is
+the user's (exit 3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from nandoctor.errors import ConfigError, UserCodeError
+
+
+def add_python_path(base_dir: Path, folders: Iterable[str]) -> None:
+    """Put the config's `python_path` folders (relative to the config) first on sys.path."""
+    for folder in reversed(list(folders)):
+        path = str((base_dir / folder).resolve())
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def resolve(spec: str, key: str, base_dir: Path) -> Callable[..., Any]:
+    """The callable that `spec` names; `key` is the config key, for messages."""
+    target, _, attribute = spec.rpartition(":")
+    if target.endswith(".py"):
+        module = _load_file(base_dir / target, key, spec)
+    else:
+        module = _import_module(target, key, spec)
+    obj: Any = module
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"{key}: '{spec}': {_name_of(module)} has no attribute '{part}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"{key}: '{spec}' is a {type(obj).__name__}, expected a callable")
+    return obj
+
+
+def _name_of(module: Any) -> str:
+    file = getattr(module, "__file__", None)
+    return f"{module.__name__} ({file})" if file else module.__name__
+
+
+def _import_module(name: str, key: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            raise ConfigError(
+                f"{key}: '{spec}': no module named '{e.name}'",
+                hint="add its folder to `python_path`, relative to the config file",
+            ) from None
+        raise UserCodeError(f"importing {name} (for {key})", e) from e
+    except Exception as e:
+        raise UserCodeError(f"importing {name} (for {key})", e) from e
+
+
+def _load_file(path: Path, key: str, spec: str) -> Any:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"{key}: '{spec}': file not found: {path}")
+    # NB: one module per file, under a name derived from its path, so that two configs naming
+    # the same file share it and two files with the same stem do not collide.
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    name = f"_nandoctor_user_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"{key}: '{spec}': cannot load {path} as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    _put_on_path(path.parent)  # as `python file.py` would, so its sibling imports work
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise UserCodeError(f"loading {path.name} (for {key})", e) from e
+    return module
+
+
+def _put_on_path(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))

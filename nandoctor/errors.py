@@ -1,0 +1,102 @@
+"""Exit codes and the errors that map onto them.
+
+Every error a user can fix is a `NandoctorError` carrying one line of text and its exit
+code; the CLI prints that line and exits, never a traceback. An exception raised by the
+user's own code is wrapped in `UserCodeError` so that the CLI can show the user's frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sysconfig
+import traceback
+from enum import IntEnum
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class ExitCode(IntEnum):
+    HEALTHY = 0  # the run stayed finite, or lint found nothing
+    NONFINITE = 1  # a non-finite value was found (or lint findings, or a baseline broken)
+    USAGE = 2  # bad command line, config, entrypoint or path
+    USER_CODE = 3  # the user's own code raised
+    INTERRUPTED = 130  # Ctrl-C or SIGTERM; a partial report is still written
+
+
+class NandoctorError(Exception):
+    """An error the user can fix; its message is one line (plus an optional hint)."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(NandoctorError):
+    """The config file, a key in it, or an entrypoint it names is wrong (exit 2)."""
+
+
+class UsageError(NandoctorError):
+    """A command-line option or a path given on the command line is wrong (exit 2)."""
+
+
+class UserCodeError(NandoctorError):
+    """The user's model, data, loss or optimizer code raised while we called it (exit 3)."""
+
+    exit_code = ExitCode.USER_CODE
+
+    def __init__(self, where: str, error: BaseException) -> None:
+        super().__init__(f"{where} raised {type(error).__name__}: {error}")
+        self.where = where
+        self.error = error
+
+    def user_frames(self) -> list[traceback.FrameSummary]:
+        """The traceback without the frames of nandoctor and of installed libraries.
+
+        NB: when the error comes from deep inside torch (a shape mismatch, say) no user
+        frame may be left; then the last frame is kept so the message still points somewhere.
+        """
+        frames = traceback.extract_tb(self.error.__traceback__)
+        mine = [f for f in frames if is_user_file(f.filename)]
+        return mine or frames[-1:]
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_EXAMPLES_DIR = _PACKAGE_DIR / "examples"
+_LIBRARY_DIRS = tuple(
+    Path(p).resolve()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    if (p := sysconfig.get_paths().get(key))
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_file(filename: str) -> bool:
+    """True for a file of the user's (or of our shipped examples), not of a library.
+
+    The shipped examples count as user code: they stand in for a user's training script.
+    """
+    if filename.startswith("<"):
+        return False
+    path = Path(filename).resolve()
+    if path.is_relative_to(_EXAMPLES_DIR):
+        return True
+    if path.is_relative_to(_PACKAGE_DIR):
+        return False
+    if any(part in ("site-packages", "dist-packages") for part in path.parts):
+        return False
+    return not any(path.is_relative_to(d) for d in _LIBRARY_DIRS)
+
+
+@contextlib.contextmanager
+def user_code(where: str) -> Iterator[None]:
+    """Run a call into the user's code; whatever it raises becomes a `UserCodeError`."""
+    try:
+        yield
+    except NandoctorError:
+        raise
+    except Exception as e:
+        raise UserCodeError(where, e) from e

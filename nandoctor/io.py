@@ -1,0 +1,45 @@
+"""Write reports atomically: a reader sees the old file or the whole new one, never half.
+
+`-` means standard output. A missing or unwritable folder is the user's to fix (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from nandoctor.errors import UsageError
+
+
+def check_writable(path: str, option: str) -> None:
+    """Fail before a long run, not after it, when a report could not be written."""
+    if path == "-":
+        return
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{option} {path}: folder {folder} is not writable")
+    if Path(path).is_dir():
+        raise UsageError(f"{option} {path}: is a folder, expected a file path")
+
+
+def write_text(path: str, text: str, option: str = "output") -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    check_writable(path, option)
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

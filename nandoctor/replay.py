@@ -1,0 +1,79 @@
+"""The fast run: step the session under the sentinel until the first bad step.
+
+This is the cheap part of `diagnose`: no tracing, one host read per step. It returns what
+it saw as plain data (`RunResult`); localisation and diagnosis start from there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nandoctor.loop import run_step
+from nandoctor.probes.base import Probe, Probes
+from nandoctor.probes.sentinel import Sentinel, Verdict
+from nandoctor.report import Event, Telemetry
+from nandoctor.session import Session
+
+StepCallback = Callable[[Verdict], None]
+
+
+@dataclass
+class RunResult:
+    status: str  # healthy | nonfinite | interrupted
+    start_step: int
+    steps_run: int  # steps whose verdict arrived (the bad one included)
+    failure: Verdict | None = None
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    events: list[Event] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def steps_completed(self) -> int:
+        """Clean optimizer steps before the first bad one (SPEC's `steps_completed`)."""
+        if self.failure is not None and self.failure.step is not None:
+            return self.failure.step - self.start_step
+        return self.steps_run
+
+
+def fast_run(
+    session: Session,
+    steps: int,
+    *,
+    on_step: StepCallback | None = None,
+    probe: Probe | None = None,
+) -> RunResult:
+    """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns."""
+    result = RunResult("healthy", session.start_step, 0)
+    sentinel = Sentinel(session)
+    started = time.perf_counter()
+    try:
+        with Probes(sentinel, probe) as probes:
+            for step, batch in itertools.islice(session.batches, steps):
+                run_step(session, step, batch, probes)
+                if _absorb(result, sentinel.collect(), on_step):
+                    break
+            else:
+                _absorb(result, sentinel.collect(final=True), on_step)
+    except KeyboardInterrupt:
+        result.status = "interrupted"
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _absorb(result: RunResult, verdicts, on_step: StepCallback | None) -> bool:
+    """Record verdicts into `result`; True once one of them is a failure."""
+    for v in verdicts:
+        r = v.reading
+        result.steps_run += 1
+        result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
+        if v.skipped:
+            result.events.append(Event(r.step, "scaler-skip", r.scale))
+        if on_step is not None:
+            on_step(v)
+        if v.failed:
+            result.status, result.failure = "nonfinite", v
+            return True
+    return False

@@ -1,0 +1,165 @@
+"""The report: plain data, the seam between the engines and everything that reads them.
+
+Engines (diagnose, compare, watch) build a `Report`; renderers (terminal, Markdown,
+JUnit) and CI read it and never compute anything new. `to_dict()` is the JSON of SPEC.md,
+schema_version 1, for example (abridged)::
+
+    {"schema_version": 1, "command": "diagnose", "status": "nonfinite",
+     "steps_completed": 57,
+     "first_nonfinite": {"step": 57, "phase": "loss", "module": null, ...},
+     "causes": [], "events": [{"step": 12, "kind": "scaler-skip", "scale": 32768.0}],
+     "telemetry": {"step": [0, 1, ...], "loss": [2.3, 2.1, ...], ...}}
+
+Non-finite floats are written as the strings "nan", "inf" and "-inf" (JSON has no NaN).
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str = "nandoctor"
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class Environment:
+    device: str
+    torch: str
+    dtype: str
+    grad_scaler: bool
+    threads: int
+
+
+@dataclass(frozen=True)
+class FirstNonfinite:
+    """Where the first non-finite value appeared. Fields other than step and phase stay
+    None until the instrumented replay localises the tensor."""
+
+    step: int
+    phase: str
+    module: str | None = None
+    op: str | None = None
+    tensor: str | None = None
+    value: str | None = None  # nan | inf | -inf | mixed
+    dtype: str | None = None
+    shape: list[int] | None = None
+    count_nonfinite: int | None = None
+    source: str | None = None
+    reproduced: bool | None = None
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    title: str
+    confidence: float
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+    verified: bool | None = None
+    verification: str | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    step: int
+    kind: str  # scaler-skip | ...
+    scale: float | None = None
+
+
+@dataclass
+class Telemetry:
+    step: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)
+    scale: list[float | None] = field(default_factory=list)
+
+    def append(self, step: int, loss: float, grad_norm: float, scale: float | None) -> None:
+        self.step.append(step)
+        self.loss.append(loss)
+        self.grad_norm.append(grad_norm)
+        self.scale.append(scale)
+
+
+@dataclass
+class Report:
+    command: str
+    config: str
+    environment: Environment
+    status: str  # healthy | nonfinite | error | interrupted
+    steps_completed: int
+    summary: str = ""  # one sentence: what happened
+    first_nonfinite: FirstNonfinite | None = None
+    causes: list[Cause] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    name: str | None = None
+    notes: list[str] = field(default_factory=list)
+    tool: Tool = field(default_factory=Tool)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "healthy"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        ordered = {k: data[k] for k in _ORDER if k in data}
+        return _jsonable(ordered)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        d = _from_jsonable(data)
+        first = d.get("first_nonfinite")
+        return cls(
+            command=d["command"],
+            config=d["config"],
+            environment=Environment(**d["environment"]),
+            status=d["status"],
+            steps_completed=d["steps_completed"],
+            summary=d.get("summary", ""),
+            first_nonfinite=FirstNonfinite(**first) if first else None,
+            causes=[Cause(**c) for c in d.get("causes", [])],
+            events=[Event(**e) for e in d.get("events", [])],
+            telemetry=Telemetry(**d.get("telemetry", {})),
+            name=d.get("name"),
+            notes=d.get("notes", []),
+            tool=Tool(**d.get("tool", {})),
+            schema_version=d.get("schema_version", SCHEMA_VERSION),
+        )
+
+
+_ORDER = (
+    "schema_version", "tool", "command", "name", "config", "environment", "status",
+    "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "notes",
+)  # fmt: skip
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _from_jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _from_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [float(v) if v in ("nan", "inf", "-inf") else _from_jsonable(v) for v in obj]
+    return obj
