@@ -35,7 +35,7 @@ def _check_entrypoint(value: str) -> str:
     return value
 
 
-def _check_device(value: str) -> str:
+def check_device(value: str) -> str:
     if not _DEVICE.match(value):
         raise ValueError("expected auto, cpu, cuda or cuda:N")
     return value
@@ -65,7 +65,7 @@ _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 Entrypoint = Annotated[str, AfterValidator(_check_entrypoint)]
 DtypeName = Annotated[str, AfterValidator(canonical_dtype)]
-DeviceName = Annotated[str, AfterValidator(_check_device)]
+DeviceName = Annotated[str, AfterValidator(check_device)]
 Number = Annotated[PositiveFloat, BeforeValidator(_not_a_bool)]
 Count = Annotated[PositiveInt, BeforeValidator(_not_a_bool)]
 

@@ -1,0 +1,11 @@
+"""The command line: one small module per command, all added to one typer app."""
+
+from nandoctor.cli import diagnose, schema  # noqa: F401  (each module adds its command)
+from nandoctor.cli.app import app
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,79 @@
+"""The typer app and the one place where errors become messages and exit codes.
+
+A `NandoctorError` prints `error: <one line>` (and a hint) on stderr, no traceback;
+a `UserCodeError` adds the user's frames; `--debug` re-raises to show everything.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from nandoctor import __version__
+from nandoctor.errors import ExitCode, NandoctorError, UserCodeError
+
+app = typer.Typer(
+    name="nandoctor",
+    help="Find the step, the tensor and the cause when a PyTorch training run turns NaN.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # NB: locals hold tensors and paths
+    rich_markup_mode=None,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def handles_errors(command: F) -> F:
+    """Wrap a command: user-fixable errors become one message and their exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except NandoctorError as e:
+            if kwargs.get("debug"):
+                raise
+            print_error(e)
+            raise typer.Exit(int(e.exit_code)) from None
+        except KeyboardInterrupt:
+            stderr_console().print("interrupted", style="yellow")
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_error(error: NandoctorError) -> None:
+    console = stderr_console()
+    if isinstance(error, UserCodeError):
+        console.print("Traceback of your code (most recent call last):", style="dim")
+        for line in traceback.format_list(error.user_frames()):
+            console.print(escape(line.rstrip("\n")), style="dim")
+    console.print(f"[bold red]error:[/] {escape(error.message)}")
+    if error.hint:
+        console.print(f"[cyan]hint:[/] {escape(error.hint)}")
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"nandoctor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=version_callback, is_eager=True, help="Show the version."
+    ),
+) -> None:
+    """Find the step, the tensor and the cause when a PyTorch training run turns NaN."""

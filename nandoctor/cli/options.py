@@ -1,0 +1,46 @@
+"""Options shared by several commands (SPEC.md, "Common options")."""
+
+from __future__ import annotations
+
+import typer
+
+from nandoctor.config import check_device
+from nandoctor.dtypes import canonical_dtype
+from nandoctor.errors import UsageError
+
+
+def dtype_name(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return canonical_dtype(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def device_name(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_device(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def report_console_to_stderr(*paths: str | None) -> bool:
+    """Human output moves to stderr when a report is written to stdout (`-`)."""
+    return any(p == "-" for p in paths)
+
+
+def check_distinct_stdout(*paths: str | None) -> None:
+    if sum(p == "-" for p in paths) > 1:
+        raise UsageError("only one report can be written to stdout ('-')")
+
+
+Steps = typer.Option(None, "--steps", min=1, help="Optimizer steps to replay (default: the config's).")
+Device = typer.Option(None, "--device", callback=device_name, help="auto | cpu | cuda | cuda:N")
+Dtype = typer.Option(None, "--dtype", callback=dtype_name, help="fp16 | bf16 | fp32 (or full names)")
+Seed = typer.Option(None, "--seed", min=0, help="Seed for Python, numpy and torch.")
+Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout).")
+Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")
+Debug = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")

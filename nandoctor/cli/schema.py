@@ -1,0 +1,19 @@
+"""`nandoctor schema`: the config file's JSON Schema, for editors and validators."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from nandoctor.cli.app import app
+from nandoctor.config import Config
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the config file."""
+    document = Config.model_json_schema()
+    document["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    document["title"] = "nandoctor config"
+    typer.echo(json.dumps(document, indent=2))

@@ -1,0 +1,142 @@
+"""The terminal: a header, a live progress bar, and the verdict panel.
+
+    ╭─ nandoctor diagnose ─────────────────────────────────────────────╮
+    │ config  configs/seed-fp16-nan.yaml (seed-fp16-nan)               │
+    │ run     cpu · float16 autocast · GradScaler (init scale 65536)   │
+    ╰──────────────────────────────────────────────────────────────────╯
+    ╭─ NON-FINITE at step 116 · phase loss ────────────────────────────╮
+    │ step 116, phase loss: the loss was non-finite                    │
+    │ loss       ▇▆▅▄▄▃▃▂▂▂▂▁▁▁▁×   2.31 → nan                         │
+    │ grad norm  ▂▃▃▄▃▄▄▅▄▅▅▆▆▅▇×   0.74 → nan                         │
+    ╰──────────────────────────────────────────────────────────────────╯
+
+`render_report` reads only the report; the header and progress read the live session.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from nandoctor.render.sparkline import sparkline
+from nandoctor.report import Report
+
+if TYPE_CHECKING:
+    from nandoctor.probes.sentinel import Verdict
+    from nandoctor.session import Session
+
+
+def print_header(console: Console, command: str, config_path: str, session: Session) -> None:
+    cfg = session.config
+    grid = Table.grid(padding=(0, 2))
+    grid.add_row("config", escape(f"{config_path}" + (f" ({cfg.name})" if cfg.name else "")))
+    grid.add_row("run", escape(describe_run(session)))
+    console.print(Panel(grid, title=f"nandoctor {command}", title_align="left", expand=False))
+
+
+def describe_run(session: Session) -> str:
+    dtype = str(session.dtype).removeprefix("torch.")
+    parts = [str(session.device), f"{dtype} autocast" if dtype != "float32" else "float32"]
+    if session.scaler is not None:
+        parts.append(f"GradScaler (init scale {session.scaler.get_scale():g})")
+    clip = session.config.clip_grad_norm
+    parts.append(f"clip_grad_norm {clip:g}" if clip is not None else "no clipping")
+    parts.append(f"{session.config.steps} steps")
+    if session.start_step:
+        parts.append(f"from step {session.start_step}")
+    return " · ".join(parts)
+
+
+class StepProgress:
+    """A progress bar over steps showing the live loss; a no-op when quiet."""
+
+    def __init__(self, console: Console, total: int, enabled: bool = True) -> None:
+        self.enabled = enabled and console.is_terminal
+        self._progress = Progress(
+            TextColumn("step"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._progress.add_task("replay", total=total, loss="-")
+
+    def __enter__(self) -> StepProgress:
+        if self.enabled:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._progress.stop()
+
+    def update(self, verdict: Verdict) -> None:
+        if self.enabled:
+            self._progress.update(self._task, advance=1, loss=f"{verdict.reading.loss:.4g}")
+
+
+def render_report(console: Console, report: Report, quiet: bool = False) -> None:
+    if quiet:
+        for line in quiet_lines(report):
+            console.print(escape(line))
+        return
+    style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
+    body: list = [escape(report.summary)]
+    if report.telemetry.step:
+        body.append(_curves(report))
+    skips = sum(e.kind == "scaler-skip" for e in report.events)
+    if skips:
+        body.append(f"[dim]{skips} GradScaler skip(s) before that: fp16 does that on purpose[/]")
+    for note in report.notes:
+        body.append(f"[dim]note: {escape(note)}[/]")
+    console.print(Panel(Group(*body), title=_title(report), title_align="left", border_style=style))
+
+
+def quiet_lines(report: Report) -> list[str]:
+    """A handful of lines that read well in a CI log."""
+    env = report.environment
+    lines = [f"nandoctor {report.command} {report.config}: {report.status.upper()}"]
+    lines.append(f"  {report.summary}")
+    lines.append(f"  {env.device} {env.dtype} grad_scaler={env.grad_scaler} threads={env.threads}")
+    return lines
+
+
+def _title(report: Report) -> str:
+    first = report.first_nonfinite
+    if first is not None:
+        return f"[bold red]NON-FINITE at step {first.step} · phase {first.phase}[/]"
+    if report.status == "healthy":
+        return "[bold green]HEALTHY[/]"
+    return f"[bold yellow]{report.status.upper()}[/]"
+
+
+def _curves(report: Report) -> Table:
+    t = report.telemetry
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_row("loss", sparkline(t.loss, _WIDTH), _ends(t.loss))
+    grid.add_row("grad norm", sparkline(t.grad_norm, _WIDTH, log=True), _ends(t.grad_norm))
+    if any(s is not None for s in t.scale):
+        grid.add_row("loss scale", sparkline(t.scale, _WIDTH, log=True), _ends(t.scale))
+    return grid
+
+
+_WIDTH = 40  # sparkline columns: fits an 80-column terminal beside the labels
+
+
+def _ends(values: Sequence[float | None]) -> str:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else (f"{v:.4g}" if math.isfinite(v) else str(v))
+
+    return f"{fmt(values[0])} → {fmt(values[-1])}"
