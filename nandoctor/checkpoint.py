@@ -40,13 +40,17 @@ def load(path: Path) -> CheckpointState:
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"checkpoint: {path} is not a readable torch checkpoint: {first}") from None
+        raise ConfigError(
+            f"checkpoint: {path} is not a readable torch checkpoint: {first}"
+        ) from None
     return _interpret(path, raw)
 
 
 def _interpret(path: Path, raw: Any) -> CheckpointState:
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"checkpoint: {path} holds a {type(raw).__name__}, expected a state_dict or a dict")
+        raise ConfigError(
+            f"checkpoint: {path} holds a {type(raw).__name__}, expected a state_dict or a dict"
+        )
     if "model" in raw and isinstance(raw["model"], Mapping):
         step = raw.get("step", 0)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -69,7 +73,9 @@ def restore_training_state(
         try:
             optimizer.load_state_dict(state.optimizer)
         except (ValueError, KeyError, RuntimeError, TypeError) as e:
-            raise ConfigError(f"checkpoint: 'optimizer' does not fit the optimizer: {_first_lines(e)}") from None
+            raise ConfigError(
+                f"checkpoint: 'optimizer' does not fit the optimizer: {_first_lines(e)}"
+            ) from None
     if state.scaler is not None and scaler is not None:
         scaler.load_state_dict(dict(state.scaler))
 

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    BeforeValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PositiveFloat,
@@ -98,7 +98,9 @@ class FactorySpec(BaseModel):
 
 
 class Precision(_Section):
-    dtype: DtypeName = Field("float16", description="float16 | bfloat16 | float32 (or fp16, bf16, fp32)")
+    dtype: DtypeName = Field(
+        "float16", description="float16 | bfloat16 | float32 (or fp16, bf16, fp32)"
+    )
     grad_scaler: bool | None = Field(None, description="default: true for float16, false otherwise")
     init_scale: Number = 65536.0
 
@@ -117,7 +119,8 @@ class Config(_Section):
     data: Entrypoint = Field(description="callable(**data_args) -> iterable of batches")
     data_args: dict[str, Any] = Field(default_factory=dict)
     loss: Entrypoint | None = Field(
-        None, description="callable(model, batch) -> scalar loss; default cross_entropy(model(x), y)"
+        None,
+        description="callable(model, batch) -> scalar loss; default cross_entropy(model(x), y)",
     )
     optimizer: FactorySpec
     scheduler: FactorySpec | None = None

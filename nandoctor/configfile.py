@@ -55,10 +55,12 @@ def load_config(path: str | Path) -> LoadedConfig:
         raise ConfigError(f"{path}: cannot read the config file: {e}") from None
     data, lines = _parse_yaml(path, text)
     if data is None:
-        raise ConfigError(f"{path}: the config is empty: expected a mapping with model, data, optimizer")
+        raise ConfigError(
+            f"{path}: the config is empty: expected a mapping with model, data, optimizer"
+        )
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{path}: expected a mapping of keys (model: ..., data: ...); got a {type(data).__name__}"
+            f"{path}: expected a mapping of keys (model:, data:, ...); got a {type(data).__name__}"
         )
     try:
         config = Config.model_validate(data)
@@ -89,8 +91,9 @@ def _index_lines(path: Path, node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -
         for key_node, value_node in node.value:
             key, line = str(key_node.value), key_node.start_mark.line + 1
             if key in seen:
+                first = seen[key]
                 raise ConfigError(
-                    f"{path}:{line}: {_dotted((*loc, key))}: duplicate key (first on line {seen[key]})"
+                    f"{path}:{line}: {_dotted((*loc, key))}: duplicate key (first on line {first})"
                 )
             seen[key] = line
             lines[(*loc, key)] = line
@@ -101,7 +104,9 @@ def _index_lines(path: Path, node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -
             _index_lines(path, item, (*loc, i), lines)
 
 
-def format_validation_error(path: Path, error: pydantic.ValidationError, lines: dict[Loc, int]) -> str:
+def format_validation_error(
+    path: Path, error: pydantic.ValidationError, lines: dict[Loc, int]
+) -> str:
     errors = sorted(error.errors(), key=lambda e: _line_of(_clean_loc(e), lines) or 0)
     return "\n".join(_format_one(path, e, lines) for e in errors)
 
@@ -125,7 +130,8 @@ def _format_one(path: Path, err: Any, lines: dict[Loc, int]) -> str:
     message = message.replace("expected greater than", "expected a value greater than")
     message = message.replace("expected less than", "expected a value less than")
     got = err.get("input")
-    suffix = "" if isinstance(got, dict) or repr(got) in message else f"; got {got!r}"
+    already_quoted = isinstance(got, str) and repr(got) in message
+    suffix = "" if isinstance(got, dict) or already_quoted else f"; got {got!r}"
     key = _dotted(loc) or "config"
     return f"{where}: {key}: {message}{suffix}"
 

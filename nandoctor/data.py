@@ -35,9 +35,8 @@ class BatchStream:
         if self._first is None:
             self._first = self._private_rng(lambda: self._call_make())
             if not _is_iterable(self._first):
-                raise ConfigError(
-                    f"data: returned a {type(self._first).__name__}, expected an iterable of batches"
-                )
+                kind = type(self._first).__name__
+                raise ConfigError(f"data: returned a {kind}, expected an iterable of batches")
         return self._first
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:

@@ -11,8 +11,8 @@ import contextlib
 import functools
 import sysconfig
 import traceback
-from enum import IntEnum
 from collections.abc import Iterator
+from enum import IntEnum
 from pathlib import Path
 
 

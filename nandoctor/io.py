@@ -33,7 +33,9 @@ def write_text(path: str, text: str, option: str = "output") -> None:
         return
     check_writable(path, option)
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent
+    )
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

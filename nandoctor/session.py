@@ -74,7 +74,17 @@ def build_session(loaded: LoadedConfig) -> Session:
     stream = BatchStream(lambda: data(**config.data_args), config.seed, start)
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
     return Session(
-        config, loaded.path, model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start
+        config,
+        loaded.path,
+        model,
+        loss_fn,
+        optimizer,
+        scheduler,
+        scaler,
+        device,
+        dtype,
+        stream,
+        start,
     )
 
 
@@ -109,7 +119,9 @@ def _build_model(config: Config, base: Path) -> torch.nn.Module:
     with user_code(f"model {config.model}"):
         model = factory(**config.model_args)
     if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"model: {config.model} returned a {type(model).__name__}, expected a torch.nn.Module")
+        raise ConfigError(
+            f"model: {config.model} returned a {type(model).__name__}, expected a torch.nn.Module"
+        )
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"model: {config.model} built a model with no trainable parameters")
     return model
@@ -122,17 +134,22 @@ def build_optimizer(spec: FactorySpec, model: torch.nn.Module, base: Path) -> to
 
 def build_scheduler(spec: FactorySpec, optimizer: torch.optim.Optimizer, base: Path) -> Any:
     lr_scheduler = torch.optim.lr_scheduler
-    return _build_from_spec(spec, "scheduler", lr_scheduler, lr_scheduler.LRScheduler, optimizer, base)
+    return _build_from_spec(
+        spec, "scheduler", lr_scheduler, lr_scheduler.LRScheduler, optimizer, base
+    )
 
 
-def _build_from_spec(spec: FactorySpec, key: str, namespace: Any, base_class: type, arg: Any, base: Path) -> Any:
+def _build_from_spec(
+    spec: FactorySpec, key: str, namespace: Any, base_class: type, arg: Any, base: Path
+) -> Any:
     if spec.factory is not None:
         factory = resolve(spec.factory, f"{key}.factory", base)
         with user_code(f"{key} factory {spec.factory}"):
             return factory(arg, **spec.kwargs)
     cls = getattr(namespace, spec.name or "", None)
     if not (isinstance(cls, type) and issubclass(cls, base_class)) or spec.name.startswith("_"):
-        raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{_suggest(spec.name, namespace, base_class)}")
+        hint = _suggest(spec.name, namespace, base_class)
+        raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{hint}")
     try:
         return cls(arg, **spec.kwargs)
     except (TypeError, ValueError, KeyError) as e:
@@ -140,9 +157,14 @@ def _build_from_spec(spec: FactorySpec, key: str, namespace: Any, base_class: ty
 
 
 def _suggest(name: str | None, namespace: Any, base_class: type) -> str:
-    names = [n for n in dir(namespace) if not n.startswith("_") and isinstance(getattr(namespace, n), type)]
+    names = [
+        n
+        for n in dir(namespace)
+        if not n.startswith("_") and isinstance(getattr(namespace, n), type)
+    ]
     names = [n for n in names if issubclass(getattr(namespace, n), base_class)]
-    close = difflib.get_close_matches(name or "", names, n=1, cutoff=0.5)
+    same_letters = [n for n in names if n.lower() == (name or "").lower()]
+    close = same_letters or difflib.get_close_matches(name or "", names, n=1, cutoff=0.5)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 

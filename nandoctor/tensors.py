@@ -51,7 +51,7 @@ def _grouped_norms(tensors: Sequence[torch.Tensor], ord: float) -> list[torch.Te
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t.detach())
     norms: list[torch.Tensor] = []
-    for (device, dtype), group in groups.items():
+    for (device, _), group in groups.items():
         if device.type in ("cpu", "cuda") and not group[0].is_sparse:
             # NB: reduced-precision norms are accumulated in float32: the L2 norm of finite
             # float16 values overflows float16 long before the values do.

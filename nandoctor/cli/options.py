@@ -37,9 +37,13 @@ def check_distinct_stdout(*paths: str | None) -> None:
         raise UsageError("only one report can be written to stdout ('-')")
 
 
-Steps = typer.Option(None, "--steps", min=1, help="Optimizer steps to replay (default: the config's).")
+Steps = typer.Option(
+    None, "--steps", min=1, help="Optimizer steps to replay (default: the config's)."
+)
 Device = typer.Option(None, "--device", callback=device_name, help="auto | cpu | cuda | cuda:N")
-Dtype = typer.Option(None, "--dtype", callback=dtype_name, help="fp16 | bf16 | fp32 (or full names)")
+Dtype = typer.Option(
+    None, "--dtype", callback=dtype_name, help="fp16 | bf16 | fp32 (or full names)"
+)
 Seed = typer.Option(None, "--seed", min=0, help="Seed for Python, numpy and torch.")
 Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout).")
 Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")

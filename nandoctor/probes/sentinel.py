@@ -26,11 +26,21 @@ from nandoctor.tensors import absmax, floating, total_norm
 if TYPE_CHECKING:
     from nandoctor.session import Session
 
-MAX_SKIP_STREAK = 16  # consecutive scaler skips that count as a collapse
+MAX_SKIP_STREAK = 32  # consecutive scaler skips that count as a collapse (2**32 of range)
 MIN_SCALE = 1.0  # a loss scale below this (and below init_scale / 2**16) has collapsed
 
 # The packed reading, in this order: one float32 per slot.
-_SLOTS = ("params_before", "input", "forward", "loss_bad", "grads", "params", "loss", "grad_norm", "scale")
+_SLOTS = (
+    "params_before",
+    "input",
+    "forward",
+    "loss_bad",
+    "grads",
+    "params",
+    "loss",
+    "grad_norm",
+    "scale",
+)
 
 
 @dataclass(frozen=True)

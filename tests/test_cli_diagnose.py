@@ -1,0 +1,109 @@
+"""`nandoctor diagnose` as a user and a CI job see it: exit codes, one-line errors, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from nandoctor.cli import app
+from tests.conftest import CONFIGS, base_config
+
+runner = CliRunner()
+
+SPEC_KEYS = {
+    "schema_version", "tool", "command", "config", "environment", "status", "steps_completed",
+    "first_nonfinite", "causes", "events", "telemetry",
+}  # fmt: skip
+FIRST_NONFINITE_KEYS = {
+    "step", "phase", "module", "op", "tensor", "value", "dtype", "shape", "count_nonfinite",
+    "source", "reproduced",
+}  # fmt: skip
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_seed_example_exits_1_with_the_step_and_phase():
+    result = invoke("diagnose", str(CONFIGS / "seed-fp16-nan.yaml"), "--quiet")
+    assert result.exit_code == 1
+    assert "NONFINITE" in result.output and "phase loss" in result.output
+
+
+def test_fixed_example_exits_0():
+    result = invoke("diagnose", str(CONFIGS / "seed-fixed.yaml"), "--quiet", "--steps", "50")
+    assert result.exit_code == 0, result.output
+    assert "HEALTHY" in result.output and "all 50 steps stayed finite" in result.output
+
+
+def test_json_to_stdout_holds_the_spec_fields():
+    result = invoke("diagnose", str(CONFIGS / "seed-fp16-nan.yaml"), "--json", "-", "--quiet")
+    report = json.loads(result.stdout)
+    assert set(report) >= SPEC_KEYS
+    assert report["schema_version"] == 1 and report["command"] == "diagnose"
+    assert set(report["environment"]) == {"device", "torch", "dtype", "grad_scaler", "threads"}
+    assert set(report["first_nonfinite"]) == FIRST_NONFINITE_KEYS
+    assert report["status"] == "nonfinite"
+    assert report["first_nonfinite"]["step"] == report["steps_completed"] > 0
+    assert set(report["telemetry"]) == {"step", "loss", "grad_norm", "scale"}
+    assert report["telemetry"]["loss"][-1] == "nan"  # JSON has no NaN literal
+    assert all(e["kind"] == "scaler-skip" for e in report["events"])
+
+
+def test_json_file_is_written(tmp_path):
+    out = tmp_path / "report.json"
+    result = invoke(
+        "diagnose", str(CONFIGS / "seed-fixed.yaml"), "--steps", "5", "-q", "--json", str(out)
+    )
+    assert result.exit_code == 0
+    assert json.loads(out.read_text())["status"] == "healthy"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]  # no temp file left
+
+
+def test_config_error_is_one_line_exit_2_no_traceback(project):
+    path = project({**base_config(), "stepz": 3})
+    result = invoke("diagnose", str(path))
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert f"error: {path}:10: unknown key 'stepz'; did you mean 'steps'?" in result.output
+
+
+def test_user_code_raising_is_exit_3_and_shows_the_users_frame(project):
+    result = invoke("diagnose", str(project(base_config(model="train.py:raises"))))
+    assert result.exit_code == 3
+    assert "train.py" in result.output and "raise RuntimeError" in result.output
+    assert (
+        "error: model train.py:raises raised RuntimeError: the user's builder broke"
+        in result.output
+    )
+
+
+def test_report_path_in_a_missing_folder_fails_before_running(tmp_path):
+    result = invoke(
+        "diagnose", str(CONFIGS / "seed-fixed.yaml"), "--json", str(tmp_path / "no" / "r.json")
+    )
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+def test_bad_dtype_option_is_a_usage_error():
+    result = invoke("diagnose", str(CONFIGS / "seed-fixed.yaml"), "--dtype", "fp8")
+    assert result.exit_code == 2
+    assert "unknown dtype 'fp8'" in result.output
+
+
+def test_options_override_the_config(project):
+    path = project(base_config(data_args={"nan_at": 3}))
+    result = invoke("diagnose", str(path), "--steps", "2", "--json", "-", "-q")
+    assert result.exit_code == 0  # the NaN batch is at step 3, beyond 2 steps
+    assert json.loads(result.stdout)["steps_completed"] == 2
+
+
+def test_python_dash_m_works():
+    out = subprocess.run(
+        [sys.executable, "-m", "nandoctor", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.startswith("nandoctor ")

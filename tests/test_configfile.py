@@ -1,0 +1,131 @@
+"""Reading a config: every key has its default, and every mistake is one line naming the
+file, the line, the key and what was expected."""
+
+from __future__ import annotations
+
+import pytest
+
+from nandoctor.configfile import load_config
+from nandoctor.errors import ConfigError
+
+MINIMAL = """\
+model: train.py:build_model
+data: train.py:build_data
+optimizer: {name: SGD, lr: 0.1}
+"""
+
+
+def error_of(project, text: str) -> str:
+    path = project(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return info.value.message
+
+
+def test_minimal_config_gets_every_default(project):
+    config = load_config(project(MINIMAL)).config
+    assert config.model_args == {} and config.data_args == {}
+    assert config.loss is None and config.scheduler is None
+    assert config.precision.dtype == "float16"
+    assert config.precision.use_grad_scaler is True
+    assert config.precision.init_scale == 65536.0
+    assert config.clip_grad_norm is None
+    assert (config.steps, config.device, config.seed, config.checkpoint) == (500, "auto", 0, None)
+    assert config.python_path == [] and config.name is None
+
+
+def test_grad_scaler_defaults_off_outside_float16(project):
+    config = load_config(project(MINIMAL + "precision: {dtype: bf16}\n")).config
+    assert config.precision.dtype == "bfloat16"
+    assert config.precision.use_grad_scaler is False
+
+
+def test_optimizer_kwargs_pass_through_and_yaml_1_1_numbers_become_numbers(project):
+    config = load_config(project(MINIMAL.replace("lr: 0.1", "lr: 3e-4, betas: [0.9, 0.99]")))
+    assert config.config.optimizer.kwargs == {"lr": 3e-4, "betas": [0.9, 0.99]}
+
+
+def test_unknown_key_names_line_and_suggests(project):
+    message = error_of(project, MINIMAL + "stesp: 10\n")
+    assert message.endswith("config.yaml:4: unknown key 'stesp'; did you mean 'steps'?")
+
+
+def test_unknown_nested_key_is_dotted(project):
+    message = error_of(project, MINIMAL + "precision:\n  dtype: float16\n  init_scal: 2.0\n")
+    assert message.endswith(":6: unknown key 'precision.init_scal'; did you mean 'init_scale'?")
+
+
+def test_wrong_type_names_key_line_and_value(project):
+    message = error_of(project, MINIMAL + "steps: many\n")
+    assert ":4: steps: expected a valid integer" in message
+    assert "'many'" in message
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("steps: 0", "steps: expected a value greater than 0; got 0"),
+        ("steps: -5", "steps: expected a value greater than 0; got -5"),
+        ("clip_grad_norm: no", "clip_grad_norm: expected a number (YAML reads yes, no, on, off"),
+        ("precision: {dtype: float8}", "precision.dtype: unknown dtype 'float8'"),
+        ("device: tpu", "device: expected auto, cpu, cuda or cuda:N"),
+        ("seed: -1", "seed: expected a value greater than or equal to 0"),
+    ],
+)
+def test_bad_values(project, line, expected):
+    assert expected in error_of(project, MINIMAL + line + "\n")
+
+
+def test_missing_required_key(project):
+    message = error_of(project, "model: train.py:build_model\noptimizer: {name: SGD, lr: 1}\n")
+    assert message.endswith("missing required key 'data'")
+
+
+def test_entrypoint_syntax(project):
+    message = error_of(project, MINIMAL.replace("train.py:build_model", "build_model"))
+    assert ":1: model: expected an entrypoint 'package.module:attribute'" in message
+
+
+def test_optimizer_needs_exactly_one_of_name_or_factory(project):
+    message = error_of(project, MINIMAL.replace("{name: SGD, lr: 0.1}", "{lr: 0.1}"))
+    assert "optimizer: expected exactly one of `name` or `factory`" in message
+
+
+def test_yaml_that_does_not_parse_gives_line_and_column(project):
+    message = error_of(project, "model: [unclosed\n")
+    assert ":2:1: the YAML does not parse:" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "the config is empty"),
+        ("- a\n- b\n", "expected a mapping of keys"),
+        ("42\n", "got a int"),
+    ],
+)
+def test_config_that_is_not_a_mapping(project, text, expected):
+    assert expected in error_of(project, text)
+
+
+def test_duplicate_keys_are_refused(project):
+    message = error_of(project, MINIMAL + "steps: 1\nsteps: 2\n")
+    assert message.endswith(":5: steps: duplicate key (first on line 4)")
+
+
+def test_several_errors_one_line_each_in_file_order(project):
+    message = error_of(project, MINIMAL + "steps: 0\nseed: x\n")
+    lines = message.splitlines()
+    assert len(lines) == 2
+    assert ":4: steps" in lines[0] and ":5: seed" in lines[1]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_overrides_reach_into_precision(project):
+    loaded = load_config(project(MINIMAL)).with_overrides(dtype="bfloat16", steps=3, seed=None)
+    assert loaded.config.precision.dtype == "bfloat16"
+    assert loaded.config.steps == 3 and loaded.config.seed == 0

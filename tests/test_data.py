@@ -1,0 +1,78 @@
+"""The batch stream: numbered by step, epochs cycle, randomness of its own."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from nandoctor.data import BatchStream
+from nandoctor.errors import ConfigError, UserCodeError
+
+
+def take(stream, n):
+    return list(itertools.islice(stream, n))
+
+
+def test_a_list_cycles_epochs_with_steps_counting_on():
+    stream = BatchStream(lambda: ["a", "b", "c"], seed=0)
+    assert take(stream, 7) == [(0, "a"), (1, "b"), (2, "c"), (3, "a"), (4, "b"), (5, "c"), (6, "a")]
+
+
+def test_steps_start_after_a_checkpoint_step():
+    assert take(BatchStream(lambda: [1, 2], seed=0, start_step=100), 3) == [
+        (100, 1),
+        (101, 2),
+        (102, 1),
+    ]
+
+
+def test_a_generator_is_rebuilt_each_epoch():
+    calls = []
+
+    def make():
+        calls.append(1)
+        return (i for i in range(2))
+
+    assert [b for _, b in take(BatchStream(make, seed=0), 5)] == [0, 1, 0, 1, 0]
+    assert len(calls) == 3
+
+
+def test_empty_data_is_a_config_error():
+    with pytest.raises(ConfigError, match="data: yielded no batches in the first epoch"):
+        take(BatchStream(list, seed=0), 1)
+
+
+def test_non_iterable_data_is_a_config_error():
+    with pytest.raises(ConfigError, match="data: returned a int, expected an iterable"):
+        take(BatchStream(lambda: 3, seed=0), 1)
+
+
+def test_data_raising_is_the_users_error():
+    def make():
+        yield 1
+        raise OSError("disk gone")
+
+    with pytest.raises(UserCodeError, match="disk gone"):
+        take(BatchStream(make, seed=0), 3)
+
+
+def test_shuffled_batches_ignore_what_the_model_does_with_the_global_rng():
+    """Dropout draws from the global RNG; the data order must not depend on it."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(32.0))
+
+    def loader():
+        return torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True)
+
+    def order(disturb: bool):
+        torch.manual_seed(0)
+        out = []
+        for _, (x,) in take(BatchStream(loader, seed=7), 16):
+            out.append(x.tolist())
+            if disturb:
+                torch.rand(1000)  # what a dropout layer would consume
+        return out
+
+    assert order(False) == order(True)
+    assert order(False)[:8] != order(False)[8:]  # the second epoch is shuffled anew

@@ -1,0 +1,121 @@
+"""`diagnose` end to end on real models: the first bad step and its phase, determinism,
+healthy runs stay healthy, benign scaler skips are events."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nandoctor.configfile import load_config
+from nandoctor.diagnose import diagnose
+from tests.conftest import CONFIGS, base_config
+
+LOSSES = """
+import torch
+import torch.nn.functional as F
+
+
+def sqrt_of_zero(model, batch):
+    x, y = batch
+    out = model(x)
+    # finite forward (sqrt(0) = 0) but an infinite derivative in backward
+    return F.cross_entropy(out, y) + torch.sqrt((out * 0).pow(2).sum())
+"""
+
+
+def run(project, **overrides):
+    return diagnose(load_config(project(base_config(**overrides))))
+
+
+def test_seed_example_fails_after_training_a_while_in_the_loss():
+    report = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+    assert report.status == "nonfinite"
+    assert report.first_nonfinite.step > 16  # past the first epoch
+    assert report.first_nonfinite.phase == "loss"
+    assert report.steps_completed == report.first_nonfinite.step
+    assert report.telemetry.step[-1] == report.first_nonfinite.step
+
+
+def test_seed_example_is_deterministic():
+    a = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+    b = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+    assert a.to_dict() == b.to_dict()
+
+
+def test_fixed_example_is_healthy_for_all_its_steps():
+    loaded = load_config(CONFIGS / "seed-fixed.yaml")
+    report = diagnose(loaded)
+    assert report.status == "healthy" and report.first_nonfinite is None
+    assert report.steps_completed == loaded.config.steps
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_nan_in_the_batch_is_caught_in_input_at_its_exact_step(project, dtype):
+    # 4 batches an epoch: batch 2 holds a NaN, first met at step 2
+    report = run(project, data_args={"nan_at": 2}, precision={"dtype": dtype})
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (2, "input")
+    assert report.steps_completed == 2
+
+
+def test_an_inf_in_a_later_epoch_batch_is_caught_at_its_step(project):
+    report = run(project, data_args={"batches": 4, "inf_at": 3}, steps=10)
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (3, "input")
+
+
+def test_benign_scaler_skips_are_events_not_failures(project):
+    report = run(project, precision={"dtype": "fp16", "init_scale": 2.0**24}, steps=30)
+    assert report.status == "healthy"
+    skips = [e for e in report.events if e.kind == "scaler-skip"]
+    assert len(skips) >= 3
+    assert [e.scale for e in skips] == [2.0**24 / 2**i for i in range(len(skips))]
+
+
+def test_nan_gradients_every_step_collapse_the_scale(project, tmp_path):
+    (tmp_path / "losses.py").write_text(LOSSES)
+    report = run(project, loss="losses.py:sqrt_of_zero", precision={"dtype": "fp16"}, steps=40)
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (0, "backward")
+    assert "GradScaler skipped" in report.summary
+
+
+def test_nan_gradients_without_a_scaler_fail_at_once(project, tmp_path):
+    (tmp_path / "losses.py").write_text(LOSSES)
+    report = run(project, loss="losses.py:sqrt_of_zero")
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (0, "backward")
+
+
+def test_an_update_that_makes_weights_nan_fails_in_the_optimizer(project):
+    # Adam with eps=0 on a weight whose gradient is exactly 0: m / sqrt(v) = 0 / 0
+    adam = {"name": "Adam", "lr": 1e-3, "eps": 0.0}
+    report = run(project, optimizer=adam, data_args={"zero_feature": True})
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (0, "optimizer")
+
+
+def test_a_checkpoint_with_a_nan_weight_fails_in_parameters(project, tmp_path):
+    from tests.conftest import TRAIN_PY
+
+    namespace: dict = {}
+    exec(TRAIN_PY, namespace)
+    state = namespace["build_model"]().state_dict()
+    state["2.bias"][1] = float("nan")
+    torch.save({"model": state, "step": 40}, tmp_path / "ckpt.pt")
+    report = run(project, checkpoint="ckpt.pt")
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (40, "parameters")
+    assert report.steps_completed == 0
+
+
+def test_steps_continue_from_a_checkpoint_step(project, tmp_path):
+    from tests.conftest import TRAIN_PY
+
+    namespace: dict = {}
+    exec(TRAIN_PY, namespace)
+    torch.save({"model": namespace["build_model"]().state_dict(), "step": 100}, tmp_path / "c.pt")
+    report = run(project, checkpoint="c.pt", data_args={"nan_at": 1})
+    assert (report.first_nonfinite.step, report.steps_completed) == (101, 1)
+
+
+def test_report_records_the_environment(project):
+    report = run(project, precision={"dtype": "bf16"})
+    env = report.environment
+    assert (env.device, env.dtype, env.grad_scaler) == ("cpu", "bfloat16", False)
+    assert env.torch == torch.__version__ and env.threads == torch.get_num_threads()
+    assert any("CPU autocast" in note for note in report.notes)
