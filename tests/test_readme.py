@@ -13,7 +13,8 @@ def readme_commands() -> list[str]:
 
 def test_readme_opens_with_install_and_run_then_tests():
     first, second = readme_commands()[:2]
-    assert "pip install" in first and first.endswith("nandoctor diagnose configs/seed-fp16-nan.yaml")
+    assert "pip install" in first
+    assert first.endswith("nandoctor diagnose configs/seed-fp16-nan.yaml")
     assert second.endswith("python -m pytest -q")
 
 
