@@ -8,7 +8,7 @@ of `configfile.py`; this module only declares.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -60,6 +60,12 @@ def _as_number(text: str) -> Any:
         return text
 
 
+def _auto_or_count(value: Any) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError("expected auto or a positive whole number of steps")
+
+
 _INT = re.compile(r"^[-+]?\d+$")
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
@@ -109,6 +115,18 @@ class Precision(_Section):
         return self.grad_scaler if self.grad_scaler is not None else self.dtype == "float16"
 
 
+class SnapshotPolicy(_Section):
+    """How often the fast run copies the training state aside, so a step can be replayed."""
+
+    every: Annotated[Literal["auto"] | PositiveInt, BeforeValidator(_auto_or_count)] = Field(
+        "auto", description="auto: every step for small states, every K steps for large ones"
+    )
+
+    @property
+    def steps(self) -> int | None:
+        return None if self.every == "auto" else int(self.every)
+
+
 class Config(_Section):
     """A training run to replay. Paths are relative to the config file."""
 
@@ -131,6 +149,7 @@ class Config(_Section):
     steps: Count = Field(500, description="optimizer steps to replay; epochs cycle")
     device: DeviceName = "auto"
     seed: Annotated[int, BeforeValidator(_not_a_bool)] = Field(0, ge=0, lt=2**32)
+    snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
     checkpoint: str | None = Field(
         None, description="state_dict, or {model, optimizer, scaler, step}; weights_only load"
     )

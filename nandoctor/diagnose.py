@@ -1,4 +1,5 @@
-"""`nandoctor diagnose`: build the session, run it under the sentinel, write the report.
+"""`nandoctor diagnose`: run the session under the sentinel, replay the bad step under the
+tracer, and assemble the report.
 
 The engine knows nothing of terminals: the CLI passes callbacks to show progress, and
 gets a `Report` back.
@@ -6,6 +7,7 @@ gets a `Report` back.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -13,11 +15,16 @@ import torch
 from nandoctor import __version__
 from nandoctor.configfile import LoadedConfig
 from nandoctor.devices import CPU_AUTOCAST_NOTE
+from nandoctor.diagnosis.evidence import Evidence
+from nandoctor.localize import Localization, localize
+from nandoctor.probes.base import Phase
 from nandoctor.replay import RunResult, StepCallback, fast_run
 from nandoctor.report import Environment, FirstNonfinite, Report, Tool
 from nandoctor.session import Session, build_session
+from nandoctor.snapshot import SnapshotStore
 
 SessionCallback = Callable[[Session], None]
+MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
 
 
 def diagnose(
@@ -29,15 +36,36 @@ def diagnose(
     session = build_session(loaded)
     if on_session is not None:
         on_session(session)
-    result = fast_run(session, loaded.config.steps, on_step=on_step)
-    return build_report("diagnose", loaded, session, result)
-
-
-def build_report(command: str, loaded: LoadedConfig, session: Session, result: RunResult) -> Report:
+    store = SnapshotStore(session, every=loaded.config.snapshot.steps)
+    result = fast_run(session, loaded.config.steps, on_step=on_step, store=store)
+    located = None
     failure = result.failure
-    first = None
-    if failure is not None and failure.step is not None and failure.phase is not None:
-        first = FirstNonfinite(step=failure.step, phase=failure.phase.value)
+    if failure is not None and failure.step is not None:
+        collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
+        scale = failure.reading.scale if collapsed else None
+        located = localize(session, store, failure.step, loss_scale=scale)
+    return build_report("diagnose", loaded, session, result, located)
+
+
+def build_report(
+    command: str,
+    loaded: LoadedConfig,
+    session: Session,
+    result: RunResult,
+    located: Localization | None = None,
+) -> Report:
+    notes = session_notes(session)
+    if located is not None and located.reproduced and located.note:
+        notes.append(located.note)
+    if located is not None and not located.reproduced:
+        notes.append(
+            f"the instrumented replay of step {located.step} saw no non-finite value: "
+            "the failure is nondeterministic or transient"
+            + (f" ({located.note})" if located.note else "")
+        )
+    timing = {"run_s": round(result.seconds, 3)}
+    if located is not None:
+        timing["replay_s"] = round(located.seconds, 3)
     return Report(
         command=command,
         config=str(loaded.path),
@@ -45,12 +73,46 @@ def build_report(command: str, loaded: LoadedConfig, session: Session, result: R
         environment=environment_of(session),
         status=result.status,
         steps_completed=result.steps_completed,
-        summary=summarize(result),
-        first_nonfinite=first,
+        summary=summarize(result, located),
+        first_nonfinite=first_nonfinite(result, located),
         events=result.events,
         telemetry=result.telemetry,
-        notes=session_notes(session),
+        evidence=evidence_of(located),
+        notes=notes,
+        timing=timing,
         tool=Tool(version=__version__),
+    )
+
+
+def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNonfinite | None:
+    failure = result.failure
+    if failure is None or failure.step is None or failure.phase is None:
+        return None
+    found = located.finding if located is not None else None
+    if found is None:
+        return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=False)
+    return FirstNonfinite(
+        step=failure.step,
+        phase=found.phase.value,
+        module=found.module,
+        op=found.op,
+        tensor=found.tensor,
+        value=found.value,
+        dtype=found.dtype,
+        shape=found.shape,
+        count_nonfinite=found.count,
+        source=found.source,
+        reproduced=True,
+    )
+
+
+def evidence_of(located: Localization | None) -> Evidence | None:
+    if located is None or located.finding is None:
+        return None
+    return dataclasses.replace(
+        located.finding.evidence,
+        modules=located.modules[:MODULES_IN_EVIDENCE],
+        replayed_from_step=located.from_step,
     )
 
 
@@ -73,10 +135,30 @@ def session_notes(session: Session) -> list[str]:
     return notes
 
 
-def summarize(result: RunResult) -> str:
+def summarize(result: RunResult, located: Localization | None = None) -> str:
     if result.status == "interrupted":
         return f"interrupted after {result.steps_run} steps; no non-finite value seen before"
     if result.failure is None:
         return f"all {result.steps_run} steps stayed finite"
     f = result.failure
-    return f"step {f.step}, phase {f.phase.value if f.phase else '?'}: {f.why}"
+    head = f"step {f.step}, phase {f.phase.value if f.phase else '?'}"
+    found = located.finding if located is not None else None
+    if found is None:
+        return f"{head}: {f.why}"
+    if found.op is None:
+        return f"{head}: {found.tensor} held {found.count} {found.value} value(s)"
+    sentence = _origin_sentence(found)
+    streak = f.phase is Phase.BACKWARD and f.reading.scale is not None
+    return f"{head}: {f.why}; {sentence}" if streak else f"{head}: {sentence}"
+
+
+def _origin_sentence(found) -> str:
+    parts = [found.op]
+    if found.evidence.backward_of:
+        parts.append(f"in the backward of {found.evidence.backward_of}")
+    if found.module is not None:
+        parts.append(f"in {found.module or '(root)'}")
+    if found.source:
+        parts.append(f"at {found.source}")
+    what = f"{found.count} {found.value} in its {found.tensor}, {found.dtype} {found.shape}"
+    return " ".join(parts) + f" produced {what}"

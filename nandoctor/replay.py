@@ -16,6 +16,7 @@ from nandoctor.probes.base import Probe, Probes
 from nandoctor.probes.sentinel import Sentinel, Verdict
 from nandoctor.report import Event, Telemetry
 from nandoctor.session import Session
+from nandoctor.snapshot import SnapshotStore
 
 StepCallback = Callable[[Verdict], None]
 
@@ -44,26 +45,33 @@ def fast_run(
     *,
     on_step: StepCallback | None = None,
     probe: Probe | None = None,
+    store: SnapshotStore | None = None,
 ) -> RunResult:
-    """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns."""
+    """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
+
+    With a `store`, each step's batch and (by its policy) state are kept first, so that
+    the bad step can be replayed; a streak of scaler skips pins the snapshot of its start.
+    """
     result = RunResult("healthy", session.start_step, 0)
     sentinel = Sentinel(session)
     started = time.perf_counter()
     try:
         with Probes(sentinel, probe) as probes:
             for step, batch in itertools.islice(session.batches, steps):
+                if store is not None:
+                    store.before_step(step, batch)
                 run_step(session, step, batch, probes)
-                if _absorb(result, sentinel.collect(), on_step):
+                if _absorb(result, sentinel.collect(), on_step, store):
                     break
             else:
-                _absorb(result, sentinel.collect(final=True), on_step)
+                _absorb(result, sentinel.collect(final=True), on_step, store)
     except KeyboardInterrupt:
         result.status = "interrupted"
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _absorb(result: RunResult, verdicts, on_step: StepCallback | None) -> bool:
+def _absorb(result: RunResult, verdicts, on_step: StepCallback | None, store) -> bool:
     """Record verdicts into `result`; True once one of them is a failure."""
     for v in verdicts:
         r = v.reading
@@ -71,9 +79,18 @@ def _absorb(result: RunResult, verdicts, on_step: StepCallback | None) -> bool:
         result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
         if v.skipped:
             result.events.append(Event(r.step, "scaler-skip", r.scale))
+        if store is not None:
+            _keep_streak_start(store, v)
         if on_step is not None:
             on_step(v)
         if v.failed:
             result.status, result.failure = "nonfinite", v
             return True
     return False
+
+
+def _keep_streak_start(store: SnapshotStore, v: Verdict) -> None:
+    if v.skipped and v.streak_start == v.reading.step:
+        store.pin(v.reading.step)
+    elif not v.skipped and not v.failed:
+        store.unpin()

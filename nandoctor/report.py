@@ -10,8 +10,8 @@ schema_version 1, for example (abridged)::
      "causes": [], "events": [{"step": 12, "kind": "scaler-skip", "scale": 32768.0}],
      "telemetry": {"step": [0, 1, ...], "loss": [2.3, 2.1, ...], ...}}
 
-Non-finite floats are written as the strings "nan", "inf" and "-inf" (JSON has no NaN).
-Nothing here imports torch.
+Non-finite floats are written as the strings "nan", "inf" and "-inf" (JSON has no NaN);
+`from_dict` reads them back as floats. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import TypeAdapter
+
+from nandoctor.diagnosis.evidence import Evidence
 
 SCHEMA_VERSION = 1
 
@@ -102,6 +106,8 @@ class Report:
     causes: list[Cause] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
+    evidence: Evidence | None = None  # what the instrumented replay of the bad step saw
+    timing: dict[str, float] = field(default_factory=dict)  # seconds; excluded from equality
     name: str | None = None
     notes: list[str] = field(default_factory=list)
     tool: Tool = field(default_factory=Tool)
@@ -121,29 +127,14 @@ class Report:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
-        d = _from_jsonable(data)
-        first = d.get("first_nonfinite")
-        return cls(
-            command=d["command"],
-            config=d["config"],
-            environment=Environment(**d["environment"]),
-            status=d["status"],
-            steps_completed=d["steps_completed"],
-            summary=d.get("summary", ""),
-            first_nonfinite=FirstNonfinite(**first) if first else None,
-            causes=[Cause(**c) for c in d.get("causes", [])],
-            events=[Event(**e) for e in d.get("events", [])],
-            telemetry=Telemetry(**d.get("telemetry", {})),
-            name=d.get("name"),
-            notes=d.get("notes", []),
-            tool=Tool(**d.get("tool", {})),
-            schema_version=d.get("schema_version", SCHEMA_VERSION),
-        )
+        """The inverse of `to_dict` (for baselines, tests and tools reading reports)."""
+        return TypeAdapter(cls).validate_python(data)
 
 
 _ORDER = (
     "schema_version", "tool", "command", "name", "config", "environment", "status",
-    "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "notes",
+    "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "evidence",
+    "notes", "timing",
 )  # fmt: skip
 
 
@@ -154,12 +145,4 @@ def _jsonable(obj: Any) -> Any:
         return {k: _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
-    return obj
-
-
-def _from_jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _from_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [float(v) if v in ("nan", "inf", "-inf") else _from_jsonable(v) for v in obj]
     return obj

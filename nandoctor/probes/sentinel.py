@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nandoctor import amp
 from nandoctor.probes.base import Phase, Probe, StepContext
 from nandoctor.tensors import absmax, floating, total_norm
 
@@ -68,6 +69,7 @@ class Verdict:
     step: int | None = None  # the first bad step; a scale collapse points back to its streak
     phase: Phase | None = None
     skipped: bool = False
+    streak_start: int | None = None  # with `skipped`: the first step of the current streak
     why: str = ""
 
 
@@ -111,7 +113,7 @@ class Sentinel(Probe):
             norm = total_norm(grads, self.device)
         self._flags["grad_norm"] = norm.detach()
         self._flags["grads"] = _bad(norm)
-        scale = getattr(ctx.session.scaler, "_scale", None)
+        scale = amp.scale_tensor(ctx.session.scaler)
         if scale is not None:  # the scale this step used; update() changes it in place
             self._flags["scale"] = scale.detach().clone()
 
@@ -212,7 +214,7 @@ class Judge:
                 f"{self.streak_start}; the loss scale fell to {_fmt(next_scale)}"
             )
             return Verdict(r, failed=True, step=self.streak_start, phase=Phase.BACKWARD, why=why)
-        return Verdict(r, skipped=True)
+        return Verdict(r, skipped=True, streak_start=self.streak_start)
 
 
 def _fmt(x: float) -> str:

@@ -1,0 +1,78 @@
+"""Rewind to the bad step and replay it under the tracer: which op, module, tensor, line.
+
+The replay starts from the newest snapshot at or before the bad step, re-runs the steps
+in between plainly, then runs the bad step with the tracer. Afterwards the session is put
+back exactly as it was (weights, optimizer, scaler, RNG): localisation leaves no trace.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nandoctor import amp
+from nandoctor.diagnosis.evidence import ModuleStat
+from nandoctor.errors import UserCodeError
+from nandoctor.loop import run_step
+from nandoctor.probes.base import Probe
+from nandoctor.probes.tracer import Finding, Tracer
+from nandoctor.session import Session
+from nandoctor.snapshot import SnapshotStore
+
+
+@dataclass
+class Localization:
+    step: int
+    finding: Finding | None  # None: the replay saw nothing non-finite (not reproduced)
+    modules: list[ModuleStat] = field(default_factory=list)
+    from_step: int | None = None
+    seconds: float = 0.0
+    note: str | None = None
+
+    @property
+    def reproduced(self) -> bool:
+        return self.finding is not None
+
+
+def localize(
+    session: Session, store: SnapshotStore, step: int, *, loss_scale: float | None = None
+) -> Localization:
+    """Replay `step` under the tracer.
+
+    `loss_scale` forces the replayed step's GradScaler scale: after a streak of skips, the
+    step is replayed at the scale the streak collapsed to, so that the benign overflow of
+    a large scale does not hide the value that stays non-finite at any scale.
+    """
+    started = time.perf_counter()
+    here = store.capture_now(-1)
+    try:
+        return _replay(session, store, step, started, loss_scale)
+    except LookupError as e:
+        return Localization(step, None, note=f"could not rewind: {e}")
+    except UserCodeError as e:
+        return Localization(step, None, note=f"the replay of step {step} failed: {e.message}")
+    finally:
+        here.restore(session)
+
+
+def _replay(
+    session: Session, store: SnapshotStore, step: int, started: float, loss_scale: float | None
+) -> Localization:
+    batches = store.rewind_to(step)
+    for s, batch in batches[:-1]:
+        run_step(session, s, batch, Probe())
+    note = None
+    if loss_scale is not None and session.scaler is not None:
+        amp.set_scale(session.scaler, loss_scale, session.device)
+        note = f"replayed at loss scale {loss_scale:g}, where the streak of skips ended"
+    tracer = Tracer(session.model, session.optimizer)
+    with tracer:
+        run_step(session, step, batches[-1][1], tracer)
+    return Localization(
+        step=step,
+        finding=tracer.finding,
+        modules=tracer.modules.stats(),
+        from_step=batches[0][0],
+        seconds=time.perf_counter() - started,
+        note=note,
+    )
