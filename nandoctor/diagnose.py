@@ -160,5 +160,5 @@ def _origin_sentence(found) -> str:
         parts.append(f"in {found.module or '(root)'}")
     if found.source:
         parts.append(f"at {found.source}")
-    what = f"{found.count} {found.value} in its {found.tensor}, {found.dtype} {found.shape}"
+    what = f"{found.value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
     return " ".join(parts) + f" produced {what}"

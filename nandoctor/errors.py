@@ -74,6 +74,15 @@ _LIBRARY_DIRS = tuple(
 
 
 @functools.lru_cache(maxsize=4096)
+def is_nandoctor_file(filename: str) -> bool:
+    """True for nandoctor's own code (the shipped examples excepted)."""
+    if filename.startswith("<"):
+        return False
+    path = Path(filename).resolve()
+    return path.is_relative_to(_PACKAGE_DIR) and not path.is_relative_to(_EXAMPLES_DIR)
+
+
+@functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
     """True for a file of the user's (or of our shipped examples), not of a library.
 

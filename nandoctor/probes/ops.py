@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from nandoctor.diagnosis.evidence import Recompute
-from nandoctor.errors import is_user_file
+from nandoctor.errors import is_nandoctor_file, is_user_file
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -79,14 +79,28 @@ def _flat(values: list) -> Iterator[Any]:
 
 
 def user_source() -> str | None:
-    """`path:line` of the innermost frame in the user's code (torch and us skipped)."""
+    """`path:line` of the innermost frame in the user's code that issued the op.
+
+    The walk skips the probes' own frames (the modes) and torch's; it stops at any other
+    frame of nandoctor's (the loop that called into torch): an op the optimizer or the
+    scaler issued has no user line, whatever called nandoctor.
+    """
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if is_user_file(filename):
             return f"{_display_path(filename)}:{frame.f_lineno}"
+        if is_nandoctor_file(filename) and not _is_probe_file(filename):
+            return None
         frame = frame.f_back
     return None
+
+
+_PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_probe_file(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
 
 
 def _display_path(filename: str) -> str:

@@ -165,6 +165,8 @@ class Tracer(Probe):
         if not created and self.fallback is not None:
             return
         role = self._role(phase, tensor)
+        if phase is Phase.OPTIMIZER and ":" in role:
+            module = _owner(role)
         finding = self._found(phase, module, ops.op_name(func), role, tensor, source, created)
         evidence = Evidence(
             inputs=[
@@ -286,6 +288,14 @@ class _NodeRecorder(TorchFunctionMode):
             for t in ops.output_tensors(out):
                 self.tracer.note_node(t.grad_fn, func)
         return out
+
+
+def _owner(role: str) -> str:
+    """The module that owns `param:<name>` or `state:<name>.<key>`."""
+    kind, _, name = role.partition(":")
+    if kind == "state":
+        name = name.rpartition(".")[0]
+    return name.rpartition(".")[0]
 
 
 def _node_name() -> str:

@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from nandoctor.render.origin import origin_block
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report import Report
 
@@ -91,6 +92,9 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
     body: list = [escape(report.summary)]
+    where = origin_block(report)
+    if where is not None:
+        body.append(where)
     if report.telemetry.step:
         body.append(_curves(report))
     skips = sum(e.kind == "scaler-skip" for e in report.events)

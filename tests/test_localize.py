@@ -1,0 +1,224 @@
+"""Localisation, one failing phase at a time, on small real models: the replayed bad step
+names the step, phase, module, op, tensor and the user's source line. The expected line
+is found independently, by the marker comment on it."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+import torch
+
+from nandoctor.configfile import load_config
+from nandoctor.diagnose import diagnose
+from nandoctor.localize import localize
+from nandoctor.loop import run_step
+from nandoctor.probes.base import Probe
+from nandoctor.session import build_session
+from nandoctor.snapshot import SnapshotStore
+from tests.conftest import TRAIN_PY, base_config
+
+MODELS = '''
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(OrderedDict(proj=nn.Linear(8, 8), big=nn.Linear(8, 3)))
+        with torch.no_grad():
+            self.encoder.big.weight.fill_(900.0)
+
+    def forward(self, x):
+        return self.encoder(x)  # marker:encoder
+
+
+class Gated(nn.Module):
+    """A gate whose weight starts at exactly zero: sqrt(0) is fine, its derivative is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return x * (1 + torch.sqrt(self.weight.pow(2).sum()))  # marker:sqrt
+
+
+class WithGate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 3)
+        self.norm = Gated()
+
+    def forward(self, x):
+        return self.norm(self.body(x))
+
+
+CALLS = {"n": 0}
+
+
+class Flaky(nn.Module):
+    """Goes NaN on its third call only: a replay cannot meet it again."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 3)
+
+    def forward(self, x):
+        CALLS["n"] += 1
+        out = self.body(x)
+        return out * float("nan") if CALLS["n"] == 3 else out
+
+
+def scaled_data(batches=4, scale_at=2, factor=100.0):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(batches):
+        x = torch.rand(8, 8, generator=g)
+        out.append((x * factor if i == scale_at else x, torch.randint(0, 3, (8,), generator=g)))
+    return out
+
+
+def sharp_log_softmax_loss(model, batch):
+    x, y = batch
+    p = torch.softmax(model(x) * 100, -1)
+    return -(F.one_hot(y, 3) * torch.log(p)).sum(-1).mean()  # marker:log
+'''
+
+
+@pytest.fixture
+def models(tmp_path):
+    (tmp_path / "models.py").write_text(MODELS)
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    return tmp_path
+
+
+def line_of(marker: str) -> int:
+    """The independent check: the line that carries the marker comment."""
+    for number, line in enumerate(MODELS.splitlines(), start=1):
+        if re.search(rf"# marker:{marker}\b", line):
+            return number
+    raise AssertionError(marker)
+
+
+def report_of(project, **overrides):
+    return diagnose(load_config(project(base_config(**overrides))))
+
+
+def test_input_nan_at_step_k(project, models):
+    first = report_of(project, data_args={"nan_at": 3}, steps=8).first_nonfinite
+    assert (first.step, first.phase, first.tensor, first.module, first.op) == (
+        3,
+        "input",
+        "input:0",
+        None,
+        None,
+    )
+    assert (first.value, first.count_nonfinite, first.dtype, first.shape) == (
+        "nan",
+        1,
+        "float32",
+        [8, 8],
+    )
+    assert first.reproduced is True
+
+
+def test_a_named_linear_overflowing_float16_in_forward(project, models):
+    report = report_of(
+        project,
+        model="models.py:Encoder",
+        data="models.py:scaled_data",
+        precision={"dtype": "fp16"},
+        optimizer={"name": "SGD", "lr": 0.0},
+    )
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (2, "forward", "encoder.big")
+    assert first.op == "aten.addmm.default" and first.dtype == "float16"
+    assert first.value in ("inf", "-inf", "mixed")  # overflow, to either side
+    assert first.source == f"{models / 'models.py'}:{line_of('encoder')}"
+    assert report.evidence.recompute.finite is True  # float32 holds it: a precision problem
+    assert report.evidence.recompute.absmax > 65504
+    assert report.evidence.modules[0].module in ("encoder.big", "encoder", "")
+
+
+def test_log_of_a_softmax_that_underflowed_in_the_loss(project, models):
+    report = report_of(
+        project, loss="models.py:sharp_log_softmax_loss", precision={"dtype": "fp16"}
+    )
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module, first.op) == (
+        0,
+        "loss",
+        None,
+        "aten.log.default",
+    )
+    assert first.value == "-inf" and first.source == f"{models / 'models.py'}:{line_of('log')}"
+    (log_input,) = report.evidence.inputs
+    assert log_input.zeros == first.count_nonfinite > 0
+    producer = report.evidence.producers[0]
+    assert (producer.op, producer.depth, producer.feeds) == ("aten._softmax.default", 1, "self")
+
+
+def test_sqrt_at_zero_in_backward_while_the_loss_stays_finite(project, models):
+    report = report_of(project, model="models.py:WithGate")
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "backward", "norm")
+    assert first.op == "aten.div.Tensor" and first.tensor == "grad_input"
+    assert first.source == f"{models / 'models.py'}:{line_of('sqrt')}"
+    assert report.evidence.backward_of == "torch.sqrt (SqrtBackward0)"
+    assert report.telemetry.loss[-1] == report.telemetry.loss[-1]  # the loss itself is finite
+
+
+def test_an_optimizer_update_that_turns_a_parameter_nonfinite(project, models):
+    adam = {"name": "Adam", "lr": 1e-3, "eps": 0.0}
+    first = report_of(project, optimizer=adam, data_args={"zero_feature": True}).first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "optimizer", "0")
+    assert first.tensor == "param:0.weight" and first.value == "nan"
+    assert first.op in ("aten.addcdiv_.default", "aten._foreach_addcdiv_.ScalarList")
+    assert first.source is None  # torch's own optimizer code, no line of the user's
+
+
+def test_a_checkpoint_with_a_nan_parameter(project, models, tmp_path):
+    namespace: dict = {}
+    exec(TRAIN_PY, namespace)
+    state = namespace["build_model"]().state_dict()
+    state["2.weight"][0, 3] = float("nan")
+    torch.save(state, tmp_path / "bad.pt")
+    first = report_of(project, checkpoint="bad.pt").first_nonfinite
+    assert (first.step, first.phase, first.module, first.op) == (0, "parameters", "2", None)
+    assert (first.tensor, first.value, first.count_nonfinite) == ("param:2.weight", "nan", 1)
+
+
+def test_a_nondeterministic_failure_is_reported_as_not_reproduced(project, models):
+    report = report_of(project, model="models.py:Flaky")
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.reproduced) == (2, "forward", False)
+    assert first.op is None
+    assert any("nondeterministic or transient" in note for note in report.notes)
+
+
+def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
+    session = build_session(load_config(project(base_config(data_args={"nan_at": 2}))))
+    store = SnapshotStore(session)
+    for step, batch in itertools.islice(session.batches, 3):
+        store.before_step(step, batch)
+        run_step(session, step, batch, Probe())
+    weights = {k: v.clone() for k, v in session.model.state_dict().items()}
+    optimizer_state = repr(session.optimizer.state_dict())
+    rng = torch.get_rng_state()
+
+    assert localize(session, store, 2).reproduced
+
+    for k, v in session.model.state_dict().items():  # NaN after the bad step: equal_nan
+        torch.testing.assert_close(v, weights[k], rtol=0, atol=0, equal_nan=True)
+    assert repr(session.optimizer.state_dict()) == optimizer_state
+    assert torch.equal(torch.get_rng_state(), rng)
+    for module in session.model.modules():
+        assert not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks)
+    assert torch.utils._python_dispatch._get_current_dispatch_mode() is None
+    assert not torch.overrides._get_current_function_mode_stack()

@@ -1,0 +1,92 @@
+"""The terminal renderer reads a report and shows it: verdict, where, curves, notes."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from nandoctor.diagnosis.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
+from nandoctor.render.terminal import quiet_lines, render_report
+from nandoctor.report import Environment, Event, FirstNonfinite, Report, Telemetry
+
+SOURCE = "def loss(model, batch):\n    x, y = batch\n    p = torch.softmax(model(x), -1)\n    return -(y * torch.log(p)).sum()\n"
+
+
+def failing_report(tmp_path) -> Report:
+    (tmp_path / "train.py").write_text(SOURCE)
+    telemetry = Telemetry()
+    for step, loss in enumerate([2.3, 1.9, 1.2, float("nan")]):
+        telemetry.append(step, loss, 0.5, 65536.0)
+    stats = TensorStats("self", "float16", [4, 10], 40, 1.0, 0.0, 1.0, 3, 0, 0, 0, 0, 65504.0)
+    return Report(
+        command="diagnose",
+        config="run.yaml",
+        environment=Environment("cpu", "2.13.0", "float16", True, 2),
+        status="nonfinite",
+        steps_completed=3,
+        summary="step 3, phase loss: aten.log.default produced -inf",
+        first_nonfinite=FirstNonfinite(
+            3,
+            "loss",
+            None,
+            "aten.log.default",
+            "output",
+            "-inf",
+            "float16",
+            [4, 10],
+            3,
+            f"{tmp_path / 'train.py'}:4",
+            True,
+        ),  # fmt: skip
+        events=[Event(1, "scaler-skip", 65536.0)],
+        telemetry=telemetry,
+        evidence=Evidence(
+            inputs=[stats],
+            producers=[Producer("aten._softmax.default", None, "train.py:3", "loss", 1, "self")],
+            recompute=Recompute("float32", False, None),
+            modules=[ModuleStat("head", "Linear", "float16", 12.0)],
+        ),
+        notes=["a note"],
+    )
+
+
+def render(report: Report, quiet: bool = False) -> str:
+    out = io.StringIO()
+    render_report(
+        Console(file=out, width=100, force_terminal=False, color_system=None), report, quiet
+    )
+    return out.getvalue()
+
+
+def test_failure_panel_shows_where_and_why(tmp_path):
+    text = render(failing_report(tmp_path))
+    assert "NON-FINITE at step 3 · phase loss" in text
+    assert "op      aten.log.default" in text
+    assert "tensor  output: 3 × -inf in float16 [4, 10]" in text
+    assert "❱ 4     return -(y * torch.log(p)).sum()" in text  # the line, highlighted
+    assert "← self came from aten._softmax.default at train.py:3 (loss)" in text
+    assert "the math itself, not the precision" in text
+    assert "1 GradScaler skip(s)" in text and "note: a note" in text
+    assert "×" in text  # the NaN loss on the curve
+
+
+def test_healthy_panel(tmp_path):
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite, report.summary = (
+        "healthy",
+        None,
+        "all 4 steps stayed finite",
+    )
+    text = render(report)
+    assert "HEALTHY" in text and "all 4 steps stayed finite" in text
+    assert "op " not in text
+
+
+def test_quiet_output_is_a_few_plain_lines(tmp_path):
+    assert quiet_lines(failing_report(tmp_path)) == [
+        "nandoctor diagnose run.yaml: NONFINITE",
+        "  step 3, phase loss: aten.log.default produced -inf",
+        "  cpu float16 grad_scaler=True threads=2",
+    ]
+    assert "\x1b[" not in render(failing_report(tmp_path), quiet=True)  # no colour codes

@@ -1,0 +1,116 @@
+"""Snapshots: restoring one and replaying gives bit-identical steps (dropout, Adam state,
+scheduler and loss scale included), whatever the snapshot policy."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from nandoctor.configfile import load_config
+from nandoctor.loop import run_step
+from nandoctor.probes.base import Phase, Probe
+from nandoctor.session import build_session
+from nandoctor.snapshot import SnapshotStore, state_bytes
+from tests.conftest import base_config
+
+DROPOUT_PY = """
+import torch
+from torch import nn
+from train import build_data
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3))
+
+
+def mutating_loss(model, batch):
+    x, y = batch
+    x.mul_(2.0)  # a user loss that scales its batch in place
+    return nn.functional.cross_entropy(model(x), y)
+"""
+
+
+class Losses(Probe):
+    def __init__(self) -> None:
+        self.seen: dict[int, list[float]] = {}
+
+    def phase_ended(self, ctx, phase):
+        if phase is Phase.LOSS:
+            self.seen.setdefault(ctx.step, []).append(ctx.loss.item())
+
+
+def session_of(project, tmp_path, **overrides):
+    config = base_config(
+        model="dropout.py:build_model",
+        optimizer={"name": "Adam", "lr": 1e-2},
+        scheduler={"name": "StepLR", "step_size": 2, "gamma": 0.5},
+        precision={"dtype": "fp16"},
+        **overrides,
+    )
+    path = project(config)
+    (tmp_path / "dropout.py").write_text(DROPOUT_PY)
+    return build_session(load_config(path))
+
+
+def run(session, store, probe, steps):
+    for step, batch in itertools.islice(session.batches, steps):
+        store.before_step(step, batch)
+        run_step(session, step, batch, probe)
+
+
+@pytest.mark.parametrize("every", [1, 3, None])
+def test_replaying_from_a_snapshot_is_bit_identical(project, tmp_path, every):
+    session = session_of(project, tmp_path)
+    store, probe = SnapshotStore(session, every=every), Losses()
+    run(session, store, probe, 10)
+    weights = {k: v.clone() for k, v in session.model.state_dict().items()}
+    lr, scale = session.optimizer.param_groups[0]["lr"], session.scaler.get_scale()
+
+    for step, batch in store.rewind_to(9):
+        run_step(session, step, batch, probe)
+
+    assert probe.seen[9][0] == probe.seen[9][1]
+    assert all(torch.equal(weights[k], v) for k, v in session.model.state_dict().items())
+    assert session.optimizer.param_groups[0]["lr"] == lr
+    assert session.scaler.get_scale() == scale
+
+
+def test_auto_policy_snapshots_small_states_every_step(project, tmp_path):
+    session = session_of(project, tmp_path)
+    store = SnapshotStore(session)
+    run(session, store, Probe(), 4)
+    assert store.every == 1
+    assert [s for s, _ in store.rewind_to(3)] == [3]
+
+
+def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):
+    session = session_of(project, tmp_path, loss="dropout.py:mutating_loss")
+    store, probe = SnapshotStore(session), Losses()
+    run(session, store, probe, 3)
+    for step, batch in store.rewind_to(2):
+        run_step(session, step, batch, probe)
+    assert probe.seen[2][0] == probe.seen[2][1]
+
+
+def test_a_pinned_snapshot_outlives_the_ring(project, tmp_path):
+    session = session_of(project, tmp_path)
+    store, probe = SnapshotStore(session, every=1), Losses()
+    run(session, store, probe, 3)
+    store.pin(2)
+    for step, batch in itertools.islice(session.batches, 5):  # steps 0..4 again, numbered on
+        store.before_step(step + 3, batch)
+        run_step(session, step + 3, batch, probe)
+    assert [s for s, _ in store.rewind_to(2)] == [2]
+    store.unpin()
+    with pytest.raises(LookupError):
+        store.rewind_to(2)
+
+
+def test_memory_is_two_states_plus_the_batches(project, tmp_path):
+    session = session_of(project, tmp_path)
+    store = SnapshotStore(session, every=1)
+    run(session, store, Probe(), 6)
+    batch_bytes = sum(t.numel() * t.element_size() for t in session.batches.first_epoch()[0])
+    assert store.nbytes <= 2 * state_bytes(session) + 2 * batch_bytes
