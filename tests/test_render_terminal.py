@@ -10,7 +10,11 @@ from nandoctor.diagnosis.evidence import Evidence, ModuleStat, Producer, Recompu
 from nandoctor.render.terminal import quiet_lines, render_report
 from nandoctor.report import Environment, Event, FirstNonfinite, Report, Telemetry
 
-SOURCE = "def loss(model, batch):\n    x, y = batch\n    p = torch.softmax(model(x), -1)\n    return -(y * torch.log(p)).sum()\n"
+SOURCE = """def loss(model, batch):
+    x, y = batch
+    p = torch.softmax(model(x), -1)
+    return -(y * torch.log(p)).sum()
+"""
 
 
 def failing_report(tmp_path) -> Report:
@@ -38,7 +42,7 @@ def failing_report(tmp_path) -> Report:
             3,
             f"{tmp_path / 'train.py'}:4",
             True,
-        ),  # fmt: skip
+        ),
         events=[Event(1, "scaler-skip", 65536.0)],
         telemetry=telemetry,
         evidence=Evidence(

@@ -119,8 +119,9 @@ def _provenance(evidence: Evidence) -> list[str]:
     r = evidence.recompute
     if r is not None and r.error is None:
         if r.finite:
+            peak = _num(r.absmax)
             lines.append(
-                f"in float32 the same op stays finite (|x| max {_num(r.absmax)}): a precision problem"
+                f"in float32 the same op stays finite (|x| max {peak}): a precision problem"
             )
         else:
             lines.append(
