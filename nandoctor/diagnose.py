@@ -8,14 +8,18 @@ gets a `Report` back.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 import torch
 
-from nandoctor import __version__
+from nandoctor import __version__, whatif
 from nandoctor.configfile import LoadedConfig
 from nandoctor.devices import CPU_AUTOCAST_NOTE
+from nandoctor.diagnosis.case import Case, RunFacts
 from nandoctor.diagnosis.evidence import Evidence
+from nandoctor.diagnosis.rules import rank
+from nandoctor.diagnosis.trends import trends_of
 from nandoctor.localize import Localization, localize
 from nandoctor.probes.base import Phase
 from nandoctor.replay import RunResult, StepCallback, fast_run
@@ -27,11 +31,16 @@ SessionCallback = Callable[[Session], None]
 MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
 
 
+DEFAULT_VERIFY_BUDGET = 300.0  # seconds for all what-if replays together
+
+
 def diagnose(
     loaded: LoadedConfig,
     *,
     on_session: SessionCallback | None = None,
     on_step: StepCallback | None = None,
+    verify: bool = True,
+    verify_budget: float = DEFAULT_VERIFY_BUDGET,
 ) -> Report:
     session = build_session(loaded)
     if on_session is not None:
@@ -44,7 +53,58 @@ def diagnose(
         collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
         scale = failure.reading.scale if collapsed else None
         located = localize(session, store, failure.step, loss_scale=scale)
-    return build_report("diagnose", loaded, session, result, located)
+    report = build_report("diagnose", loaded, session, result, located)
+    if report.first_nonfinite is None:
+        return report
+    case = case_of(report, run_facts(session, result))
+    report.causes = rank(case)
+    if verify:
+        started = time.perf_counter()
+        try:
+            deadline = started + verify_budget
+            report.causes = [whatif.verify(c, case, loaded, deadline) for c in report.causes]
+        except KeyboardInterrupt:
+            report.status = "interrupted"
+            report.notes.append("interrupted while verifying fixes; the causes are not verified")
+        report.timing["verify_s"] = round(time.perf_counter() - started, 3)
+    return report
+
+
+def case_of(report: Report, facts: RunFacts) -> Case:
+    """What the rules read: the report's failure and evidence, its trends, the settings."""
+    assert report.first_nonfinite is not None
+    trends = trends_of(report.telemetry, report.events)
+    return Case(report.first_nonfinite, report.evidence or Evidence(), trends, facts)
+
+
+def run_facts(session: Session, result: RunResult) -> RunFacts:
+    defaults = session.optimizer.defaults
+    failure = result.failure
+    collapsed = (
+        failure is not None
+        and failure.phase is Phase.BACKWARD
+        and failure.reading.scale is not None
+    )
+    params = session.params
+    return RunFacts(
+        dtype=str(session.dtype).removeprefix("torch."),
+        grad_scaler=session.scaler is not None,
+        clip_grad_norm=session.config.clip_grad_norm,
+        optimizer=type(session.optimizer).__name__,
+        lr=_number(defaults.get("lr")),
+        eps=_number(defaults.get("eps")),
+        param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
+        checkpoint=session.config.checkpoint,
+        start_step=session.start_step,
+        collapsed=collapsed,
+        collapse_why=failure.why if collapsed else "",
+    )
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, torch.Tensor):
+        return float(value.item())
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def build_report(

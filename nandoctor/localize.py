@@ -8,10 +8,13 @@ back exactly as it was (weights, optimizer, scaler, RNG): localisation leaves no
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
 
 from nandoctor import amp
-from nandoctor.diagnosis.evidence import ModuleStat
+from nandoctor.diagnosis.evidence import ModuleStat, UpdateRatio
 from nandoctor.errors import UserCodeError
 from nandoctor.loop import run_step
 from nandoctor.probes.base import Probe
@@ -58,9 +61,14 @@ def localize(
 def _replay(
     session: Session, store: SnapshotStore, step: int, started: float, loss_scale: float | None
 ) -> Localization:
-    batches = store.rewind_to(step)
-    for s, batch in batches[:-1]:
+    batches = _rewind(store, step)
+    for s, batch in batches[:-2]:
         run_step(session, s, batch, Probe())
+    update = None
+    if len(batches) > 1:  # the step before the bad one: measure how far it moved the weights
+        before = [p.detach().clone() for p in session.params]
+        run_step(session, *batches[-2], Probe())
+        update = update_ratio(session, batches[-2][0], before)
     note = None
     if loss_scale is not None and session.scaler is not None:
         amp.set_scale(session.scaler, loss_scale, session.device)
@@ -68,11 +76,40 @@ def _replay(
     tracer = Tracer(session.model, session.optimizer)
     with tracer:
         run_step(session, step, batches[-1][1], tracer)
+    finding = tracer.finding
+    if finding is not None:
+        finding = replace(finding, evidence=replace(finding.evidence, update=update))
     return Localization(
         step=step,
-        finding=tracer.finding,
+        finding=finding,
         modules=tracer.modules.stats(),
         from_step=batches[0][0],
         seconds=time.perf_counter() - started,
         note=note,
     )
+
+
+def _rewind(store: SnapshotStore, step: int) -> list[tuple[int, Any]]:
+    """From one step earlier when that is reachable, to measure that step's update."""
+    if step > store.session.start_step:
+        try:
+            return [*store.rewind_to(step - 1), store.batch_at(step)]
+        except LookupError:
+            pass
+    return store.rewind_to(step)
+
+
+def update_ratio(session: Session, step: int, before: list[torch.Tensor]) -> UpdateRatio:
+    """||w_after - w_before|| / ||w_before||, over all parameters and for the largest one."""
+    names = [n for n, p in session.model.named_parameters() if p.requires_grad]
+    deltas, norms, ratios = [], [], []
+    for b, p in zip(before, session.params, strict=True):
+        d = (p.detach().float() - b.float()).norm()
+        n = b.float().norm()
+        deltas.append(d)
+        norms.append(n)
+        ratios.append(d / n.clamp_min(1e-12))
+    ratio = (torch.stack(deltas).norm() / torch.stack(norms).norm().clamp_min(1e-12)).item()
+    per = torch.stack(ratios).nan_to_num(posinf=float("inf")).tolist()
+    i = max(range(len(per)), key=lambda k: per[k])
+    return UpdateRatio(step=step, ratio=ratio, largest=per[i], largest_param=names[i])

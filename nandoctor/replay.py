@@ -11,19 +11,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from nandoctor.loop import run_step
 from nandoctor.probes.base import Probe, Probes
 from nandoctor.probes.sentinel import Sentinel, Verdict
 from nandoctor.report import Event, Telemetry
 from nandoctor.session import Session
 from nandoctor.snapshot import SnapshotStore
+from nandoctor.tensors import floating
 
 StepCallback = Callable[[Verdict], None]
 
 
 @dataclass
 class RunResult:
-    status: str  # healthy | nonfinite | interrupted
+    status: str  # healthy | nonfinite | interrupted | timeout
     start_step: int
     steps_run: int  # steps whose verdict arrived (the bad one included)
     failure: Verdict | None = None
@@ -46,11 +49,15 @@ def fast_run(
     on_step: StepCallback | None = None,
     probe: Probe | None = None,
     store: SnapshotStore | None = None,
+    deadline: float | None = None,
+    skip_nonfinite_batches: bool = False,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
     With a `store`, each step's batch and (by its policy) state are kept first, so that
     the bad step can be replayed; a streak of scaler skips pins the snapshot of its start.
+    Past `deadline` (a `time.perf_counter()` value) the run stops with status "timeout".
+    `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     """
     result = RunResult("healthy", session.start_step, 0)
     sentinel = Sentinel(session)
@@ -58,6 +65,12 @@ def fast_run(
     try:
         with Probes(sentinel, probe) as probes:
             for step, batch in itertools.islice(session.batches, steps):
+                if deadline is not None and time.perf_counter() > deadline:
+                    result.status = "timeout"
+                    break
+                if skip_nonfinite_batches and not _finite_batch(batch):
+                    result.events.append(Event(step, "skipped-batch"))
+                    continue
                 if store is not None:
                     store.before_step(step, batch)
                 run_step(session, step, batch, probes)
@@ -87,6 +100,10 @@ def _absorb(result: RunResult, verdicts, on_step: StepCallback | None, store) ->
             result.status, result.failure = "nonfinite", v
             return True
     return False
+
+
+def _finite_batch(batch) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in floating(batch))
 
 
 def _keep_streak_start(store: SnapshotStore, v: Verdict) -> None:

@@ -168,6 +168,11 @@ class SnapshotStore:
         snapshot.restore(self.session)
         return [(s, self._batches[s]) for s in range(snapshot.step, step + 1)]
 
+    def batch_at(self, step: int) -> tuple[int, Any]:
+        if step not in self._batches:
+            raise LookupError(f"the batch of step {step} is no longer kept")
+        return step, self._batches[step]
+
     def capture_now(self, step: int) -> StateSnapshot:
         snapshot = StateSnapshot()
         snapshot.capture(self.session, step)

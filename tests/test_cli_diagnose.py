@@ -28,7 +28,7 @@ def invoke(*args: str):
 
 
 def test_seed_example_exits_1_with_the_step_and_phase():
-    result = invoke("diagnose", str(CONFIGS / "seed-fp16-nan.yaml"), "--quiet")
+    result = invoke("diagnose", str(CONFIGS / "seed-fp16-nan.yaml"), "--quiet", "--no-verify")
     assert result.exit_code == 1
     assert "NONFINITE" in result.output and "phase loss" in result.output
 
@@ -40,7 +40,9 @@ def test_fixed_example_exits_0():
 
 
 def test_json_to_stdout_holds_the_spec_fields():
-    result = invoke("diagnose", str(CONFIGS / "seed-fp16-nan.yaml"), "--json", "-", "--quiet")
+    result = invoke(
+        "diagnose", str(CONFIGS / "seed-fp16-nan.yaml"), "--json", "-", "-q", "--no-verify"
+    )
     report = json.loads(result.stdout)
     assert set(report) >= SPEC_KEYS
     assert report["schema_version"] == 1 and report["command"] == "diagnose"

@@ -24,11 +24,11 @@ def sqrt_of_zero(model, batch):
 
 
 def run(project, **overrides):
-    return diagnose(load_config(project(base_config(**overrides))))
+    return diagnose(load_config(project(base_config(**overrides))), verify=False)
 
 
 def test_seed_example_fails_after_training_a_while_in_the_loss():
-    report = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+    report = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), verify=False)
     assert report.status == "nonfinite"
     assert report.first_nonfinite.step > 16  # past the first epoch
     assert report.first_nonfinite.phase == "loss"
@@ -37,8 +37,8 @@ def test_seed_example_fails_after_training_a_while_in_the_loss():
 
 
 def test_seed_example_is_deterministic():
-    a = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
-    b = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+    a = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), verify=False)
+    b = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), verify=False)
     assert without_timing(a) == without_timing(b)
     assert a.first_nonfinite.reproduced is True
 

@@ -7,6 +7,7 @@ import typer
 from nandoctor.config import check_device
 from nandoctor.dtypes import canonical_dtype
 from nandoctor.errors import UsageError
+from nandoctor.io import check_writable
 
 
 def dtype_name(value: str | None) -> str | None:
@@ -32,9 +33,13 @@ def report_console_to_stderr(*paths: str | None) -> bool:
     return any(p == "-" for p in paths)
 
 
-def check_distinct_stdout(*paths: str | None) -> None:
-    if sum(p == "-" for p in paths) > 1:
+def check_outputs(outputs: dict[str, str | None]) -> None:
+    """Before a long run: at most one report on stdout, and every folder writable."""
+    if sum(p == "-" for p in outputs.values()) > 1:
         raise UsageError("only one report can be written to stdout ('-')")
+    for option, path in outputs.items():
+        if path:
+            check_writable(path, option)
 
 
 Steps = typer.Option(
@@ -46,5 +51,6 @@ Dtype = typer.Option(
 )
 Seed = typer.Option(None, "--seed", min=0, help="Seed for Python, numpy and torch.")
 Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout).")
+Markdown = typer.Option(None, "--markdown", help="Write a Markdown report here ('-' for stdout).")
 Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")
 Debug = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")

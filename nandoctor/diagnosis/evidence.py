@@ -46,6 +46,7 @@ class Producer:
     phase: str
     depth: int  # 1: made an input of the origin op; 2: made an input of that producer
     feeds: str  # which input of its consumer it made ("self", "other", ...)
+    scalars: list[str] = field(default_factory=list)  # its plain-number arguments: "other=1e-08"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,18 @@ class ModuleStat:
 
 
 @dataclass(frozen=True)
+class UpdateRatio:
+    """How far one optimizer step moved the weights: ||w_after - w_before|| / ||w_before||.
+
+    Around 1e-3 is a healthy step; 1e-2 and above is a large one."""
+
+    step: int
+    ratio: float  # over all parameters together
+    largest: float  # the largest ratio of a single parameter
+    largest_param: str
+
+
+@dataclass(frozen=True)
 class Evidence:
     inputs: list[TensorStats] = field(default_factory=list)  # the origin op's tensor inputs
     output: TensorStats | None = None  # the origin op's non-finite output
@@ -80,5 +93,5 @@ class Evidence:
     producers: list[Producer] = field(default_factory=list)
     recompute: Recompute | None = None
     modules: list[ModuleStat] = field(default_factory=list)  # largest activations first
+    update: UpdateRatio | None = None  # of the step before the bad one, when replayable
     replayed_from_step: int | None = None  # the snapshot the replay started from
-    replay_seconds: float | None = None

@@ -15,14 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def build_model(features: int = 32, hidden: int = 128, classes: int = 10) -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(features, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, classes),
-    )
+def build_model(
+    features: int = 32, hidden: int = 128, classes: int = 10, depth: int = 2
+) -> nn.Module:
+    """An MLP classifier: `depth` hidden layers of `hidden` units, no normalisation."""
+    layers: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, classes))
 
 
 def build_data(

@@ -58,6 +58,7 @@ class _Made:
     source: str | None
     phase: str
     inputs: tuple[tuple[str, _Made | None], ...]
+    scalars: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,8 @@ class Tracer(Probe):
     def record_made(self, func: Any, args: tuple, kwargs: dict, out: list, where: tuple) -> None:
         phase, module, source, _ = where
         inputs = tuple((n, self._made.get(t)) for n, t in ops.named_tensors(func, args, kwargs))
-        made = _Made(ops.op_name(func), module, source, phase.value, inputs)
+        scalars = tuple(ops.scalars_text(func, args, kwargs))
+        made = _Made(ops.op_name(func), module, source, phase.value, inputs, scalars)
         for t in out:
             self._made[t] = made
 
@@ -225,12 +227,8 @@ class Tracer(Probe):
             made = self._made.get(t)
             if made is None:
                 continue
-            out.append(Producer(made.op, made.module, made.source, made.phase, 1, name))
-            for name2, made2 in made.inputs:
-                if made2 is not None:
-                    out.append(
-                        Producer(made2.op, made2.module, made2.source, made2.phase, 2, name2)
-                    )
+            out.append(_producer(made, 1, name))
+            out.extend(_producer(m, 2, n) for n, m in made.inputs if m is not None)
         return out
 
     def note_node(self, node: Any, function: Any) -> None:
@@ -288,6 +286,10 @@ class _NodeRecorder(TorchFunctionMode):
             for t in ops.output_tensors(out):
                 self.tracer.note_node(t.grad_fn, func)
         return out
+
+
+def _producer(made: _Made, depth: int, feeds: str) -> Producer:
+    return Producer(made.op, made.module, made.source, made.phase, depth, feeds, list(made.scalars))
 
 
 def _owner(role: str) -> str:

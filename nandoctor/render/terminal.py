@@ -25,6 +25,7 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from nandoctor.render.causes import causes_block
 from nandoctor.render.origin import origin_block
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report import Report
@@ -95,6 +96,9 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     where = origin_block(report)
     if where is not None:
         body.append(where)
+    why = causes_block(report.causes)
+    if why is not None:
+        body.append(why)
     if report.telemetry.step:
         body.append(_curves(report))
     skips = sum(e.kind == "scaler-skip" for e in report.events)
@@ -110,6 +114,10 @@ def quiet_lines(report: Report) -> list[str]:
     env = report.environment
     lines = [f"nandoctor {report.command} {report.config}: {report.status.upper()}"]
     lines.append(f"  {report.summary}")
+    if report.causes:
+        top = report.causes[0]
+        verified = {True: ", fix verified", False: ", fix not enough alone", None: ""}[top.verified]
+        lines.append(f"  top cause: {top.id} ({top.confidence:.0%}{verified}): {top.fix}")
     lines.append(f"  {env.device} {env.dtype} grad_scaler={env.grad_scaler} threads={env.threads}")
     return lines
 

@@ -1,0 +1,55 @@
+"""The ranked causes for the terminal: confidence, evidence, the fix with its before/after
+snippet from the catalog, and whether replaying the fix got the run past its failure."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.syntax import Syntax
+from rich.table import Table
+
+from nandoctor.diagnosis import catalog
+from nandoctor.report import Cause
+
+MARKS = {True: "[green]✔ verified[/]", False: "[red]✘ not enough[/]", None: "[dim]not verified[/]"}
+
+
+def verified_mark(cause: Cause) -> str:
+    return MARKS[cause.verified]
+
+
+def causes_block(causes: list[Cause], snippets: int = 1) -> RenderableType | None:
+    """Every cause, best first; the `snippets` best ones with their before/after code."""
+    if not causes:
+        return None
+    parts: list[RenderableType] = ["[bold]Why, best first[/]"]
+    for rank, cause in enumerate(causes, start=1):
+        parts.append(_cause(rank, cause, with_snippet=rank <= snippets))
+    return Group(*parts)
+
+
+def _cause(rank: int, cause: Cause, with_snippet: bool) -> RenderableType:
+    head = f"[bold]{rank}. {escape(cause.id)}[/] ({cause.confidence:.0%}) {escape(cause.title)}"
+    rows: list[RenderableType] = [head]
+    rows += [f"   • {escape(line)}" for line in cause.evidence]
+    rows.append(f"   [cyan]fix:[/] {escape(cause.fix)}")
+    if cause.verified is not None or cause.verification:
+        sentence = f": {escape(cause.verification)}" if cause.verification else ""
+        rows.append(f"   {verified_mark(cause)}{sentence}")
+    if with_snippet:
+        rows.append(_snippet(cause.id))
+    return Group(*rows)
+
+
+def _snippet(cause_id: str) -> RenderableType:
+    info = catalog.get(cause_id)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column()
+    grid.add_column()
+    grid.add_row("[red]before[/]", "[green]after[/]")
+    grid.add_row(_code(info.before), _code(info.after))
+    return grid
+
+
+def _code(text: str) -> Syntax:
+    return Syntax(text, "python", theme="ansi_dark", word_wrap=True)

@@ -1,0 +1,113 @@
+"""The report as Markdown, for a GitHub job summary or a PR comment.
+
+    ## ❌ nandoctor diagnose: non-finite at step 43 (phase loss)
+    | where | |
+    |---|---|
+    | op | `aten.log.default` |
+    ...
+    ### Why, best first
+    1. **log-of-softmax** (93%) ... ✔ verified: ...
+
+Same facts as the JSON and the terminal; nothing is computed here.
+"""
+
+from __future__ import annotations
+
+from nandoctor.diagnosis import catalog
+from nandoctor.render.sparkline import sparkline
+from nandoctor.report import Cause, Report
+
+ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
+VERIFIED = {True: "✔ verified", False: "✘ not enough on its own", None: "not verified"}
+
+
+def render_markdown(report: Report) -> str:
+    lines = [_title(report), "", report.summary, ""]
+    lines += _environment(report)
+    lines += _where(report)
+    lines += _causes(report.causes)
+    lines += _curves(report)
+    if report.notes:
+        lines += ["", "**Notes**", ""] + [f"- {n}" for n in report.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _title(report: Report) -> str:
+    icon = ICONS.get(report.status, "⚠️")
+    first = report.first_nonfinite
+    what = f"non-finite at step {first.step} (phase {first.phase})" if first else report.status
+    name = f" `{report.name}`" if report.name else ""
+    return f"## {icon} nandoctor {report.command}{name}: {what}"
+
+
+def _environment(report: Report) -> list[str]:
+    env = report.environment
+    scaler = "GradScaler" if env.grad_scaler else "no GradScaler"
+    return [
+        f"`{report.config}` on {env.device}, {env.dtype}, {scaler}, torch {env.torch}, "
+        f"{env.threads} threads; {report.steps_completed} clean steps.",
+        "",
+    ]
+
+
+def _where(report: Report) -> list[str]:
+    first = report.first_nonfinite
+    if first is None:
+        return []
+    rows = [
+        ("step", str(first.step)),
+        ("phase", first.phase),
+        ("module", "(outside the model)" if first.module is None else (first.module or "(root)")),
+        ("op", first.op),
+        ("tensor", first.tensor),
+        ("value", f"{first.count_nonfinite} × {first.value}" if first.value else None),
+        ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
+        ("source", first.source),
+        (
+            "reproduced",
+            {True: "yes", False: "no: nondeterministic or transient"}.get(first.reproduced),
+        ),
+    ]
+    out = ["| where | |", "|---|---|"]
+    out += [f"| {k} | `{v}` |" for k, v in rows if v is not None]
+    return [*out, ""]
+
+
+def _causes(causes: list[Cause]) -> list[str]:
+    if not causes:
+        return []
+    out = ["### Why, best first", ""]
+    for rank, cause in enumerate(causes, start=1):
+        out.append(f"{rank}. **{cause.id}** ({cause.confidence:.0%}): {cause.title}")
+        out += [f"   - {line}" for line in cause.evidence]
+        out.append(f"   - **fix:** {cause.fix}")
+        if cause.verified is not None or cause.verification:
+            out.append(
+                f"   - **{VERIFIED[cause.verified]}**: {cause.verification or ''}".rstrip(": ")
+            )
+        if rank == 1:
+            out += _snippet(cause.id)
+    return [*out, ""]
+
+
+def _snippet(cause_id: str) -> list[str]:
+    info = catalog.get(cause_id)
+    block = ["", "   <details><summary>before / after</summary>", ""]
+    for label, code in (("before", info.before), ("after", info.after)):
+        block += [f"   {label}:", "", "   ```python"]
+        block += [f"   {line}" for line in code.splitlines()]
+        block += ["   ```", ""]
+    return [*block, "   </details>"]
+
+
+def _curves(report: Report) -> list[str]:
+    t = report.telemetry
+    if not t.step:
+        return []
+    return [
+        "",
+        "| curve | steps " + f"{t.step[0]}–{t.step[-1]} |",
+        "|---|---|",
+        f"| loss | `{sparkline(t.loss, 40)}` |",
+        f"| grad norm | `{sparkline(t.grad_norm, 40, log=True)}` |",
+    ]

@@ -1,0 +1,42 @@
+"""The Markdown report states the same facts as the JSON one."""
+
+from __future__ import annotations
+
+from nandoctor.render.markdown import render_markdown
+from nandoctor.report import Cause
+from tests.test_render_terminal import failing_report
+
+
+def test_markdown_carries_the_json_facts(tmp_path):
+    report = failing_report(tmp_path)
+    report.causes = [
+        Cause(
+            "log-of-softmax",
+            "log of a softmax",
+            0.93,
+            ["12 zeros"],
+            "use log_softmax",
+            True,
+            "76/76 steps",
+        )
+    ]
+    text = render_markdown(report)
+    data = report.to_dict()
+    first = data["first_nonfinite"]
+    assert text.startswith("## ❌ nandoctor diagnose: non-finite at step 3 (phase loss)")
+    for value in (
+        first["op"],
+        first["tensor"],
+        first["source"],
+        f"{first['count_nonfinite']} × {first['value']}",
+    ):
+        assert f"`{value}`" in text
+    assert "1. **log-of-softmax** (93%)" in text and "**✔ verified**: 76/76 steps" in text
+    assert "```python" in text  # the before/after snippet of the top cause
+    assert data["summary"] in text and "- a note" in text
+
+
+def test_healthy_markdown(tmp_path):
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "healthy", None
+    assert render_markdown(report).startswith("## ✅ nandoctor diagnose: healthy")

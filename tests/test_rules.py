@@ -1,0 +1,233 @@
+"""The rules read evidence, never names: each fires on what it is about and stays quiet
+otherwise. Cases here are plain data, as the replay would have recorded them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nandoctor.diagnosis import catalog
+from nandoctor.diagnosis.case import Case, RunFacts, op_base
+from nandoctor.diagnosis.evidence import (
+    Evidence,
+    ModuleStat,
+    Producer,
+    Recompute,
+    TensorStats,
+    UpdateRatio,
+)
+from nandoctor.diagnosis.rules import RULES, rank
+from nandoctor.diagnosis.trends import Trends
+from nandoctor.report import FirstNonfinite
+
+FACTS = RunFacts("float16", True, None, "AdamW", 3e-4, 1e-8, "float32")
+CALM = Trends(100, 1.0, 1.2, 0.5, 90, 0.52, 0.0, 0, 0)
+
+
+def stats(name="self", dtype="float16", absmax=1.0, zeros=0, negatives=0, nan=0, neginf=0, lo=0.0):
+    return TensorStats(
+        name, dtype, [4, 8], 32, absmax, lo, absmax, zeros, negatives, nan, 0, neginf, 65504.0
+    )
+
+
+def case(
+    op, phase="forward", value="nan", inputs=(), producers=(), trends=CALM, facts=FACTS, **evidence
+):
+    first = FirstNonfinite(
+        10, phase, "block.fc", op, "output", value, "float16", [4, 8], 3, "m.py:3", True
+    )
+    output = stats("output", nan=3 if value == "nan" else 0)
+    return Case(
+        first,
+        Evidence(inputs=list(inputs), output=output, producers=list(producers), **evidence),
+        trends,
+        facts,
+    )
+
+
+def ids(c: Case) -> list[str]:
+    return [cause.id for cause in rank(c)]
+
+
+def producer(op, depth=1, feeds="self", scalars=()):
+    return Producer(op, None, "m.py:2", "loss", depth, feeds, list(scalars))
+
+
+def test_every_rule_has_a_catalog_entry_and_ids_are_unique():
+    assert set(RULES) <= set(catalog.CATALOG)
+    assert len(RULES) == len(set(RULES))
+
+
+def test_op_base_names():
+    assert op_base("aten._softmax.default") == "softmax"
+    assert op_base("aten._foreach_addcdiv_.ScalarList") == "addcdiv"
+
+
+def test_log_of_a_softmax_zero():
+    c = case(
+        "aten.log.default", "loss", "-inf", [stats(zeros=12)], [producer("aten._softmax.default")]
+    )
+    assert ids(c)[0] == "log-of-softmax"
+    assert (
+        "received 12 exact zero(s) produced by aten._softmax.default at m.py:2"
+        in rank(c)[0].evidence[0]
+    )
+
+
+def test_log_of_a_zero_no_softmax_made():
+    c = case("aten.log.default", "loss", "-inf", [stats(zeros=2)], [producer("aten.relu.default")])
+    assert ids(c)[0] == "log-of-zero"
+
+
+def test_log_without_zeros_is_neither():
+    c = case(
+        "aten.log.default",
+        "loss",
+        "nan",
+        [stats(negatives=3, lo=-0.5)],
+        [producer("aten._softmax.default")],
+    )
+    assert "log-of-softmax" not in ids(c) and "log-of-zero" not in ids(c)
+    assert ids(c)[0] == "invalid-domain"
+
+
+def test_division_by_zero_needs_zeros_in_the_denominator():
+    zero_denominator = [stats(), stats("other", zeros=4)]
+    assert ids(case("aten.div.Tensor", inputs=zero_denominator))[0] == "division-by-zero"
+    assert "division-by-zero" not in ids(
+        case("aten.div.Tensor", inputs=[stats(zeros=4), stats("other")])
+    )
+
+
+def test_an_epsilon_float16_rounds_to_zero_beats_division_by_zero():
+    inputs = [stats(), stats("other", zeros=4)]
+    made = [producer("aten.add.Tensor", feeds="other", scalars=["other=1e-08"])]
+    assert ids(case("aten.div.Tensor", inputs=inputs, producers=made))[:2] == [
+        "eps-underflow",
+        "division-by-zero",
+    ]
+
+
+def test_an_optimizer_eps_of_zero():
+    facts = replace(FACTS, eps=0.0, optimizer="Adam")
+    assert ids(case("aten.addcdiv_.default", "optimizer", facts=facts))[0] == "eps-underflow"
+    assert "eps-underflow" not in ids(case("aten.addcdiv_.default", "optimizer"))
+
+
+def test_float16_overflow_recomputed_finite_in_float32():
+    c = case("aten.addmm.default", value="inf", inputs=[stats(absmax=30000.0)],
+             recompute=Recompute("float32", True, 81000.0))  # fmt: skip
+    assert ids(c)[0] == "fp16-overflow"
+    assert "gives |x| up to 8.1e+04 in float32" in rank(c)[0].evidence[0]
+
+
+def test_no_overflow_claim_when_float32_overflows_too():
+    c = case(
+        "aten.div.Tensor",
+        value="inf",
+        inputs=[stats(), stats("other", zeros=1)],
+        recompute=Recompute("float32", False, None),
+    )
+    assert "fp16-overflow" not in ids(c)
+
+
+def test_no_overflow_claim_in_bfloat16():
+    c = case("aten.addmm.default", value="inf", recompute=Recompute("float32", True, 1e40))
+    c = replace(c, first=replace(c.first, dtype="bfloat16"))
+    assert "fp16-overflow" not in ids(c)
+
+
+def test_a_module_near_65504_is_overflow_evidence():
+    modules = [ModuleStat("blocks.3.mlp.fc2", "Linear", "float16", 60000.0)]
+    c = case("aten.addmm.default", value="inf", modules=modules)
+    assert "module blocks.3.mlp.fc2 (Linear) reached |x| = 6e+04" in rank(c)[0].evidence
+
+
+def test_exploding_gradients_from_the_trend():
+    trends = replace(CALM, grad_early=0.5, grad_late=40.0)
+    causes = rank(case("aten.log.default", "loss", trends=trends))
+    top = next(c for c in causes if c.id == "exploding-gradients")
+    assert "grew 80x" in top.evidence[0] and "no gradient clipping is configured" in top.evidence
+
+
+def test_clipping_makes_exploding_gradients_less_likely():
+    trends = replace(CALM, grad_early=0.5, grad_late=40.0)
+    plain = rank(case("aten.log.default", trends=trends))
+    clipped = rank(
+        case("aten.log.default", trends=trends, facts=replace(FACTS, clip_grad_norm=1.0))
+    )
+    conf = {c.id: c.confidence for c in plain}
+    assert (
+        next(c for c in clipped if c.id == "exploding-gradients").confidence
+        < conf["exploding-gradients"]
+    )
+
+
+def test_calm_gradients_are_not_exploding():
+    assert "exploding-gradients" not in ids(case("aten.log.default"))
+
+
+def test_learning_rate_from_the_update_ratio_and_a_climbing_loss():
+    update = UpdateRatio(9, 0.08, 0.2, "head.weight")
+    trends = replace(CALM, loss_min=0.4, loss_last=1.2, loss_late_slope=0.02)
+    cause = next(
+        c
+        for c in rank(case("aten.log.default", update=update, trends=trends))
+        if c.id == "learning-rate-too-high"
+    )
+    assert cause.confidence >= 0.75
+    assert "8.0% of their norm" in cause.evidence[0] and "climbed" in cause.evidence[1]
+
+
+def test_small_updates_and_a_falling_loss_are_not_a_high_learning_rate():
+    assert "learning-rate-too-high" not in ids(
+        case("aten.log.default", update=UpdateRatio(9, 0.001, 0.002, "w"))
+    )
+
+
+def test_infinite_derivative_in_backward():
+    c = case(
+        "aten.div.Tensor",
+        "backward",
+        "inf",
+        [stats(), stats("other", zeros=1)],
+        backward_of="torch.sqrt (SqrtBackward0)",
+    )
+    assert ids(c)[0] == "nondifferentiable-point"
+
+
+def test_fully_masked_softmax():
+    c = case("aten._softmax.default", inputs=[stats(neginf=16)])
+    assert ids(c)[0] == "fully-masked-softmax"
+    assert "fully-masked-softmax" not in ids(case("aten._softmax.default", inputs=[stats()]))
+
+
+def test_scaler_collapse_with_gradients_that_overflow_at_any_scale():
+    facts = replace(
+        FACTS, collapsed=True, collapse_why="the GradScaler skipped 32 steps in a row from step 3"
+    )
+    c = case(
+        "aten.mm.default", "backward", "inf", recompute=Recompute("float32", True, 2e5), facts=facts
+    )
+    assert ids(c)[0] == "grad-scaler-collapse"
+
+
+def test_acos_beyond_one():
+    assert (
+        ids(case("aten.acos.default", inputs=[stats(absmax=1.0009765625)]))[0] == "invalid-domain"
+    )
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"), [("input", "nonfinite-input"), ("parameters", "nonfinite-parameters")]
+)
+def test_phase_causes(phase, expected):
+    c = case(None, phase)
+    assert ids(c)[0] == expected
+
+
+def test_a_checkpoint_raises_confidence_in_bad_parameters():
+    facts = replace(FACTS, checkpoint="ckpt.pt", start_step=10)
+    top = rank(case(None, "parameters", facts=facts))[0]
+    assert top.confidence == 0.99 and "ckpt.pt" in top.evidence[1]

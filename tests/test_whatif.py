@@ -1,0 +1,46 @@
+"""What-if verification replays the run with a fix: verified when it survives past the
+failing step, refuted with the step where it still failed, unverified past the budget."""
+
+from __future__ import annotations
+
+import time
+
+from nandoctor.configfile import load_config
+from nandoctor.diagnose import diagnose
+from nandoctor.report import Cause
+from nandoctor.whatif import verify
+from tests.conftest import CONFIGS
+
+
+def seed_report():
+    return diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+
+
+def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
+    report = seed_report()
+    by_id = {c.id: c for c in report.causes}
+    assert report.causes[0].id == "log-of-softmax"
+    assert {"log-of-softmax", "exploding-gradients", "learning-rate-too-high"} <= set(by_id)
+    step = report.first_nonfinite.step
+    assert by_id["log-of-softmax"].verified is True
+    horizon = max(32, step // 4)  # a quarter of the way to the failure, at least 32 steps
+    assert (
+        f"to step {step + horizon}, past the failing step {step}"
+        in by_id["log-of-softmax"].verification
+    )
+    assert by_id["learning-rate-too-high"].verified is True
+    # clipping alone does not save this run: reported as failed, not dropped
+    assert by_id["exploding-gradients"].verified is False
+    assert "still went non-finite at step" in by_id["exploding-gradients"].verification
+
+
+def test_a_spent_budget_leaves_causes_unverified():
+    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
+    report = diagnose(loaded, verify_budget=0.0)
+    assert all(c.verified is None for c in report.causes)
+    assert all("time budget ran out" in (c.verification or "") for c in report.causes)
+
+
+def test_a_cause_without_an_applicable_fix_is_returned_unchanged():
+    cause = Cause("nondifferentiable-point", "t", 0.9)
+    assert verify(cause, None, None, time.perf_counter() + 60) is cause
