@@ -62,13 +62,12 @@ def _replay(
     session: Session, store: SnapshotStore, step: int, started: float, loss_scale: float | None
 ) -> Localization:
     batches = _rewind(store, step)
-    for s, batch in batches[:-2]:
-        run_step(session, s, batch, Probe())
     update = None
-    if len(batches) > 1:  # the step before the bad one: measure how far it moved the weights
+    for s, batch in batches[:-1]:  # re-run the steps in between, measuring their updates
         before = [p.detach().clone() for p in session.params]
-        run_step(session, *batches[-2], Probe())
-        update = update_ratio(session, batches[-2][0], before)
+        run_step(session, s, batch, Probe())
+        ratio = update_ratio(session, s, before)
+        update = ratio if ratio.ratio > 0 else update  # a skipped step moves nothing
     note = None
     if loss_scale is not None and session.scaler is not None:
         amp.set_scale(session.scaler, loss_scale, session.device)
@@ -90,10 +89,10 @@ def _replay(
 
 
 def _rewind(store: SnapshotStore, step: int) -> list[tuple[int, Any]]:
-    """From one step earlier when that is reachable, to measure that step's update."""
+    """From a snapshot before `step` when one is kept, to measure the updates leading to it."""
     if step > store.session.start_step:
         try:
-            return [*store.rewind_to(step - 1), store.batch_at(step)]
+            return [*store.rewind_to(step - 1, earliest=True), store.batch_at(step)]
         except LookupError:
             pass
     return store.rewind_to(step)

@@ -33,6 +33,8 @@ class RunResult:
     telemetry: Telemetry = field(default_factory=Telemetry)
     events: list[Event] = field(default_factory=list)
     seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # wall time between verdicts
+    _last_verdict_at: float = field(default=0.0, repr=False)
 
     @property
     def steps_completed(self) -> int:
@@ -61,7 +63,7 @@ def fast_run(
     """
     result = RunResult("healthy", session.start_step, 0)
     sentinel = Sentinel(session)
-    started = time.perf_counter()
+    started = result._last_verdict_at = time.perf_counter()
     try:
         with Probes(sentinel, probe) as probes:
             for step, batch in itertools.islice(session.batches, steps):
@@ -88,6 +90,9 @@ def _absorb(result: RunResult, verdicts, on_step: StepCallback | None, store) ->
     """Record verdicts into `result`; True once one of them is a failure."""
     for v in verdicts:
         r = v.reading
+        now = time.perf_counter()
+        result.step_seconds.append(now - result._last_verdict_at)
+        result._last_verdict_at = now
         result.steps_run += 1
         result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
         if v.skipped:

@@ -120,7 +120,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         ordered = {k: data[k] for k in _ORDER if k in data}
-        return _jsonable(ordered)
+        return jsonable(ordered)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
@@ -138,11 +138,12 @@ _ORDER = (
 )  # fmt: skip
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values; non-finite floats become "nan", "inf" and "-inf"."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
     if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
+        return {k: jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     return obj

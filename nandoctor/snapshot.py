@@ -27,8 +27,9 @@ from nandoctor import amp
 from nandoctor.session import Session
 from nandoctor.tensors import iter_tensors
 
-AUTO_BYTES_PER_STEP = 16 * 2**20  # `auto`: one snapshot per this many bytes of state...
-AUTO_MAX_EVERY = 64  # ...but at least every this many steps
+AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
+AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
+AUTO_MAX_EVERY = 64  # ...and at most this many
 
 
 @dataclass
@@ -159,10 +160,11 @@ class SnapshotStore:
         self._pinned = None
         self._forget_old_batches()
 
-    def rewind_to(self, step: int) -> list[tuple[int, Any]]:
-        """Restore the latest snapshot at or before `step`; return the batches from it
-        up to `step` inclusive: replay them in order and the last one is `step` itself."""
-        snapshot = self._latest_at_or_before(step)
+    def rewind_to(self, step: int, *, earliest: bool = False) -> list[tuple[int, Any]]:
+        """Restore the latest snapshot at or before `step` (with `earliest`, the oldest one
+        that reaches it); return the batches from it up to `step` inclusive: replay them in
+        order and the last one is `step` itself."""
+        snapshot = self._earliest_reaching(step) if earliest else self._latest_at_or_before(step)
         if snapshot is None or any(s not in self._batches for s in range(snapshot.step, step + 1)):
             raise LookupError(f"no snapshot reaches step {step}")
         snapshot.restore(self.session)
@@ -191,7 +193,8 @@ class SnapshotStore:
             if not self.session.optimizer.state:  # Adam & co. create their state at step 0
                 return 1
             size = state_bytes(self.session)
-            self.every = max(1, min(AUTO_MAX_EVERY, math.ceil(size / AUTO_BYTES_PER_STEP)))
+            period = math.ceil(size / AUTO_BYTES_PER_STEP)
+            self.every = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
         return self.every
 
     def _capture(self, step: int) -> None:
@@ -208,6 +211,11 @@ class SnapshotStore:
             s for s in [*self._snapshots, self._pinned] if s is not None and s.step <= step
         ]
         return max(candidates, key=lambda s: s.step, default=None)
+
+    def _earliest_reaching(self, step: int) -> StateSnapshot | None:
+        kept = [s for s in [*self._snapshots, self._pinned] if s is not None and s.step <= step]
+        reaching = [s for s in kept if all(i in self._batches for i in range(s.step, step + 1))]
+        return min(reaching, key=lambda s: s.step, default=None)
 
     def _forget_old_batches(self) -> None:
         kept = [s.step for s in [*self._snapshots, self._pinned] if s is not None]

@@ -177,7 +177,11 @@ def test_learning_rate_from_the_update_ratio_and_a_climbing_loss():
         if c.id == "learning-rate-too-high"
     )
     assert cause.confidence >= 0.75
-    assert "8.0% of their norm" in cause.evidence[0] and "climbed" in cause.evidence[1]
+    assert (
+        "step 9, the last update before the failure, moved the weights by 8.0% of their norm"
+        in cause.evidence[0]
+    )
+    assert "climbed" in cause.evidence[1]
 
 
 def test_small_updates_and_a_falling_loss_are_not_a_high_learning_rate():

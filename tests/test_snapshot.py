@@ -12,7 +12,7 @@ from nandoctor.configfile import load_config
 from nandoctor.loop import run_step
 from nandoctor.probes.base import Phase, Probe
 from nandoctor.session import build_session
-from nandoctor.snapshot import SnapshotStore, state_bytes
+from nandoctor.snapshot import AUTO_MIN_EVERY, SnapshotStore, state_bytes
 from tests.conftest import base_config
 
 DROPOUT_PY = """
@@ -77,12 +77,13 @@ def test_replaying_from_a_snapshot_is_bit_identical(project, tmp_path, every):
     assert session.scaler.get_scale() == scale
 
 
-def test_auto_policy_snapshots_small_states_every_step(project, tmp_path):
+def test_auto_policy_keeps_a_few_steps_of_reach_for_small_states(project, tmp_path):
     session = session_of(project, tmp_path)
     store = SnapshotStore(session)
-    run(session, store, Probe(), 4)
-    assert store.every == 1
-    assert [s for s, _ in store.rewind_to(3)] == [3]
+    run(session, store, Probe(), 12)
+    assert store.every == AUTO_MIN_EVERY  # a small model: the shortest period
+    assert [s for s, _ in store.rewind_to(11)] == list(range(8, 12))
+    assert store.rewind_to(7)[0][0] == 0  # the older snapshot reaches back
 
 
 def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):

@@ -263,8 +263,9 @@ def learning_rate_too_high(case: Case) -> Hit | None:
     signals = []
     if update is not None and update.ratio >= 0.01:
         signals.append(
-            f"the step before the failure moved the weights by {update.ratio:.1%} of their "
-            f"norm ({update.largest:.1%} for {update.largest_param}); about 0.1% is typical"
+            f"step {update.step}, the last update before the failure, moved the weights by "
+            f"{update.ratio:.1%} of their norm ({update.largest:.1%} for "
+            f"{update.largest_param}); about 0.1% is typical"
         )
     if (t.loss_rise or 0) >= 1.3 and (t.loss_late_slope or 0) > 0:
         signals.append(

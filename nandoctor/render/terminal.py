@@ -89,7 +89,7 @@ class StepProgress:
 def render_report(console: Console, report: Report, quiet: bool = False) -> None:
     if quiet:
         for line in quiet_lines(report):
-            console.print(escape(line))
+            console.print(escape(line), soft_wrap=True)
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
     body: list = [escape(report.summary)]
