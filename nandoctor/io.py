@@ -31,14 +31,22 @@ def write_text(path: str, text: str, option: str = "output") -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    write_bytes(path, text.encode("utf-8"), option)
+
+
+def write_bytes(path: str, data: bytes, option: str = "output") -> None:
+    """Write to a temporary file beside `path`, then rename it over `path`."""
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
     check_writable(path, option)
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".tmp", dir=target.resolve().parent
-    )
+    folder = target.resolve().parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

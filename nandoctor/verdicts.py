@@ -26,10 +26,12 @@ def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> st
         return f"{base.dtype}, the config's dtype, stayed finite for all {steps} steps; {failed}: keep {base.dtype}"  # noqa: E501
     if survivors:
         return _switch(base, _preferred(survivors), steps)
-    failures = ", ".join(_failed_at(r) for r in runs)
+    failures = ", ".join(f"{r.dtype} at step {r.first_nonfinite_step}" for r in runs)
+    later = [r for r in others if (r.first_nonfinite_step or 0) > (base.first_nonfinite_step or 0)]
+    delay = f"; {later[0].dtype} only delays it" if later else ""
     return (
-        f"every dtype went non-finite ({failures}): the dtype is not the cause, so changing it "
-        "will not help; run `nandoctor diagnose` for the cause"
+        f"every dtype went non-finite ({failures}){delay}: the dtype is not the cause, so "
+        "changing it will not help; run `nandoctor diagnose` for the cause"
     )
 
 
@@ -38,9 +40,10 @@ def _all_healthy(base: CompareRun, others: list[CompareRun], steps: int) -> str:
     tight = _headroom_clause(base)
     if tight and base.dtype == "float16":
         sentence += f", but {tight}: little headroom left, consider bfloat16"
-    drifts = [f"{r.dtype} within {r.max_abs_loss_diff_vs_reference:.3g}" for r in [base, *others]]
     drifts = [
-        d for d, r in zip(drifts, [base, *others], strict=True) if r.max_abs_loss_diff_vs_reference
+        f"{r.dtype} within {r.max_abs_loss_diff_vs_reference:.3g}"
+        for r in [base, *others]
+        if r.max_abs_loss_diff_vs_reference  # None without float32; 0 for float32 itself
     ]
     return sentence + (f"; loss against float32: {', '.join(drifts)}" if drifts else "")
 

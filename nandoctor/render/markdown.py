@@ -13,12 +13,46 @@ Same facts as the JSON and the terminal; nothing is computed here.
 
 from __future__ import annotations
 
+from nandoctor.comparison import CompareRun, Comparison
 from nandoctor.diagnosis import catalog
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report import Cause, Report
 
 ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
 VERIFIED = {True: "✔ verified", False: "✘ not enough on its own", None: "not verified"}
+
+
+def render_comparison_markdown(comparison: Comparison) -> str:
+    icon = ICONS["healthy" if comparison.healthy else "nonfinite"]
+    lines = [f"## {icon} nandoctor compare: `{comparison.config}`", "", comparison.verdict, ""]
+    lines.append("| | " + " | ".join(r.dtype for r in comparison.runs) + " |")
+    lines.append("|---|" + "---|" * len(comparison.runs))
+    for label, cell in _COMPARE_ROWS.items():
+        lines.append(f"| {label} | " + " | ".join(cell(r) for r in comparison.runs) + " |")
+    lines += [""] + [f"- {n}" for n in comparison.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _or_dash(value: object, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _headroom(run: CompareRun) -> str:
+    if not run.headroom:
+        return "-"
+    top = run.headroom[0]
+    return f"{top.peak_fraction:.0%} in `{top.module or '(root)'}`"
+
+
+_COMPARE_ROWS = {
+    "status": lambda r: r.status,
+    "clean steps": lambda r: str(r.steps_completed),
+    "first non-finite step": lambda r: _or_dash(r.first_nonfinite_step),
+    "final loss": lambda r: _or_dash(r.final_loss, "{:.4g}"),
+    "max abs loss diff vs float32": lambda r: _or_dash(r.max_abs_loss_diff_vs_reference, "{:.3g}"),
+    "median step (ms)": lambda r: _or_dash(r.step_time_ms, "{:.1f}"),
+    "fp16 headroom": _headroom,
+}
 
 
 def render_markdown(report: Report) -> str:

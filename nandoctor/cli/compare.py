@@ -1,0 +1,79 @@
+"""`nandoctor compare CONFIG --dtype bf16 [--dtype fp32 ...]`: the same run per dtype."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from nandoctor import compare as engine
+from nandoctor.cli import options
+from nandoctor.cli.app import app, handles_errors
+from nandoctor.comparison import Comparison
+from nandoctor.configfile import load_config
+from nandoctor.errors import ExitCode
+from nandoctor.io import write_bytes, write_text
+from nandoctor.render.compare import render_comparison
+from nandoctor.render.markdown import render_comparison_markdown
+from nandoctor.render.plot import plot_png, require_matplotlib
+from nandoctor.render.terminal import StepProgress
+
+
+@app.command()
+@handles_errors
+def compare(
+    config: Path = typer.Argument(..., help="The run's YAML config."),
+    dtypes: list[str] = typer.Option(
+        [],
+        "--dtype",
+        callback=lambda v: [options.dtype_name(d) for d in v],
+        help="Also run this dtype (repeatable).",
+    ),
+    steps: int | None = options.Steps,
+    device: str | None = options.Device,
+    seed: int | None = options.Seed,
+    json_path: str | None = options.Json,
+    markdown_path: str | None = options.Markdown,
+    plot_path: str | None = typer.Option(
+        None, "--plot", help="Write a PNG of loss and grad norm per dtype."
+    ),
+    quiet: bool = options.Quiet,
+    debug: bool = options.Debug,
+) -> None:
+    """Replay the same batches under the config's dtype and each --dtype, side by side."""
+    outputs = {"--json": json_path, "--markdown": markdown_path, "--plot": plot_path}
+    options.check_outputs(outputs)
+    if plot_path:
+        require_matplotlib()
+    loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
+
+    progress: list[StepProgress] = []
+
+    def on_run(dtype: str, session) -> None:
+        if progress:
+            progress[-1].__exit__(None, None, None)
+        if not quiet:
+            console.print(f"[bold]{dtype}[/] on {session.device}")
+        progress.append(StepProgress(console, loaded.config.steps, enabled=not quiet).__enter__())
+
+    try:
+        comparison = engine.compare(
+            loaded, dtypes, on_run=on_run, on_step=lambda v: progress[-1].update(v)
+        )
+    finally:
+        if progress:
+            progress[-1].__exit__(None, None, None)
+    render_comparison(console, comparison, quiet=quiet)
+    write_outputs(comparison, outputs)
+    raise typer.Exit(int(ExitCode.HEALTHY if comparison.healthy else ExitCode.NONFINITE))
+
+
+def write_outputs(comparison: Comparison, outputs: dict[str, str | None]) -> None:
+    if outputs["--json"]:
+        write_text(outputs["--json"], comparison.to_json(), "--json")
+    if outputs["--markdown"]:
+        write_text(outputs["--markdown"], render_comparison_markdown(comparison), "--markdown")
+    if outputs["--plot"]:
+        write_bytes(outputs["--plot"], plot_png(comparison), "--plot")

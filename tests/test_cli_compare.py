@@ -1,0 +1,41 @@
+"""`nandoctor compare` on the command line: exit codes, JSON, missing matplotlib."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from typer.testing import CliRunner
+
+from nandoctor.cli import app
+from tests.conftest import base_config
+
+runner = CliRunner()
+
+
+def test_healthy_runs_exit_0_with_a_table(project):
+    result = runner.invoke(app, ["compare", str(project(base_config(steps=4))), "--dtype", "bf16"])
+    assert result.exit_code == 0, result.output
+    assert "float32" in result.output and "bfloat16" in result.output and "verdict" in result.output
+
+
+def test_a_nonfinite_run_exits_1_and_json_to_stdout(project):
+    path = project(base_config(steps=4, data_args={"nan_at": 1}))
+    result = runner.invoke(app, ["compare", str(path), "--dtype", "bf16", "--json", "-", "-q"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert [r["first_nonfinite_step"] for r in data["runs"]] == [1, 1]
+
+
+def test_plot_without_matplotlib_is_a_clear_usage_error(project, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = runner.invoke(
+        app, ["compare", str(project(base_config(steps=2))), "--plot", "out.png"]
+    )
+    assert result.exit_code == 2
+    assert "--plot needs matplotlib" in result.output and "nandoctor[plot]" in result.output
+
+
+def test_unknown_dtype_is_a_usage_error(project):
+    result = runner.invoke(app, ["compare", str(project(base_config())), "--dtype", "int8"])
+    assert result.exit_code == 2 and "unknown dtype 'int8'" in result.output

@@ -1,0 +1,62 @@
+"""The compare verdict tells the user what to do, honestly."""
+
+from __future__ import annotations
+
+from nandoctor.comparison import CompareRun, Headroom
+from nandoctor.verdicts import compare_verdict
+
+
+def run(dtype, status="healthy", step=None, headroom=0.1, drift=None):
+    peak = [Headroom("blocks.3.mlp.fc2", "Linear", headroom * 65504, 411)]
+    return CompareRun(
+        dtype,
+        dtype == "float16",
+        status,
+        step or 400,
+        step,
+        "forward" if step else None,
+        1.0,
+        drift,
+        2.0,
+        peak,
+    )
+
+
+def test_switch_to_bf16_when_it_survives():
+    fp16 = run("float16", "nonfinite", 411, headroom=1.0)
+    runs = [fp16, run("bfloat16", drift=0.012), run("float32", drift=0.0)]
+    verdict = compare_verdict(runs, "float16", 500)
+    assert verdict == (
+        "bfloat16 survived all 500 steps where float16 went non-finite at step 411 "
+        "(phase forward); "
+        "float16's activation was at 100% of float16's range in blocks.3.mlp.fc2 at step 411: "
+        "switch autocast to bfloat16 (8 exponent bits: the range of float32); "
+        "its loss stayed within 0.012 of float32's"
+    )
+
+
+def test_every_dtype_failing_means_the_dtype_is_not_the_cause():
+    verdict = compare_verdict(
+        [run("float16", "nonfinite", 26), run("bfloat16", "nonfinite", 212)], "float16", 400
+    )
+    assert "every dtype went non-finite (float16 at step 26, bfloat16 at step 212)" in verdict
+    assert "bfloat16 only delays it" in verdict and "the dtype is not the cause" in verdict
+
+
+def test_all_healthy_with_little_headroom_warns():
+    verdict = compare_verdict([run("float16", headroom=0.8), run("bfloat16")], "float16", 100)
+    assert verdict.startswith(
+        "every dtype stayed finite for all 100 steps, but float16's activation was at 80%"
+    )
+
+
+def test_only_float32_surviving():
+    runs = [run("float16", "nonfinite", 5), run("bfloat16", "nonfinite", 9), run("float32")]
+    assert "only float32 survived" in compare_verdict(runs, "float16", 50)
+
+
+def test_config_dtype_healthy_another_failing():
+    verdict = compare_verdict([run("float32"), run("float16", "nonfinite", 7)], "float32", 50)
+    assert verdict.startswith("float32, the config's dtype, stayed finite") and verdict.endswith(
+        "keep float32"
+    )
