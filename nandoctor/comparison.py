@@ -17,32 +17,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from nandoctor.dtypes import FLOAT16_MAX
-from nandoctor.report import SCHEMA_VERSION, Telemetry, Tool, jsonable
-
-
-@dataclass(frozen=True)
-class Headroom:
-    """A module's peak activation and gradient, and how much of float16's range they use."""
-
-    module: str
-    type: str
-    activation_absmax: float
-    activation_step: int | None
-    gradient_absmax: float | None = None
-    gradient_step: int | None = None
-
-    @property
-    def activation_fraction(self) -> float:
-        return self.activation_absmax / FLOAT16_MAX
-
-    @property
-    def gradient_fraction(self) -> float | None:
-        return None if self.gradient_absmax is None else self.gradient_absmax / FLOAT16_MAX
-
-    @property
-    def peak_fraction(self) -> float:
-        return max(self.activation_fraction, self.gradient_fraction or 0.0)
+from nandoctor.health import Headroom
+from nandoctor.report import SCHEMA_VERSION, Tool, jsonable
+from nandoctor.telemetry import Telemetry
 
 
 @dataclass

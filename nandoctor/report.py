@@ -25,6 +25,9 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from nandoctor.diagnosis.evidence import Evidence
+from nandoctor.gate import Gate
+from nandoctor.health import Health
+from nandoctor.telemetry import Event, Telemetry
 
 SCHEMA_VERSION = 1
 
@@ -73,27 +76,6 @@ class Cause:
     verification: str | None = None
 
 
-@dataclass(frozen=True)
-class Event:
-    step: int
-    kind: str  # scaler-skip | ...
-    scale: float | None = None
-
-
-@dataclass
-class Telemetry:
-    step: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    grad_norm: list[float] = field(default_factory=list)
-    scale: list[float | None] = field(default_factory=list)
-
-    def append(self, step: int, loss: float, grad_norm: float, scale: float | None) -> None:
-        self.step.append(step)
-        self.loss.append(loss)
-        self.grad_norm.append(grad_norm)
-        self.scale.append(scale)
-
-
 @dataclass
 class Report:
     command: str
@@ -107,6 +89,8 @@ class Report:
     events: list[Event] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     evidence: Evidence | None = None  # what the instrumented replay of the bad step saw
+    health: Health | None = None  # numeric health, when a gate or baseline asked for it
+    gate: Gate | None = None  # the baseline comparison, with --baseline
     timing: dict[str, float] = field(default_factory=dict)  # seconds; excluded from equality
     name: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -134,7 +118,7 @@ class Report:
 _ORDER = (
     "schema_version", "tool", "command", "name", "config", "environment", "status",
     "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "evidence",
-    "notes", "timing",
+    "health", "gate", "notes", "timing",
 )  # fmt: skip
 
 

@@ -109,3 +109,15 @@ def test_python_dash_m_works():
         [sys.executable, "-m", "nandoctor", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("nandoctor ")
+
+
+def test_no_colour_codes_when_stdout_is_not_a_terminal():
+    config = str(CONFIGS / "seed-fixed.yaml")
+    out = subprocess.run(
+        [sys.executable, "-m", "nandoctor", "diagnose", config, "--steps", "3"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "TERM": "xterm-256color"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "HEALTHY" in out.stdout and "\x1b[" not in out.stdout + out.stderr

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from nandoctor.configfile import load_config
-from nandoctor.diagnose import diagnose
+from nandoctor.diagnose import DiagnoseOptions, diagnose
 from tests.conftest import CONFIGS, base_config
+
+NO_VERIFY = DiagnoseOptions(verify=False)
 
 LOSSES = """
 import torch
@@ -24,12 +26,12 @@ def sqrt_of_zero(model, batch):
 
 
 def run(project, **overrides):
-    return diagnose(load_config(project(base_config(**overrides))), verify=False)
+    return diagnose(load_config(project(base_config(**overrides))), NO_VERIFY)
 
 
 def test_seed_example_fails_after_training_a_while_in_the_loss():
     loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
-    report = diagnose(loaded, verify=False)
+    report = diagnose(loaded, NO_VERIFY)
     assert report.status == "nonfinite"
     assert report.first_nonfinite.step > loaded.config.data_args["batches"]  # past epoch 1
     assert report.first_nonfinite.phase == "loss"
@@ -38,8 +40,8 @@ def test_seed_example_fails_after_training_a_while_in_the_loss():
 
 
 def test_seed_example_is_deterministic():
-    a = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), verify=False)
-    b = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), verify=False)
+    a = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), NO_VERIFY)
+    b = diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"), NO_VERIFY)
     assert without_timing(a) == without_timing(b)
     assert a.first_nonfinite.reproduced is True
 

@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from nandoctor.configfile import load_config
-from nandoctor.diagnose import diagnose
+from nandoctor.diagnose import DiagnoseOptions, diagnose
 from nandoctor.localize import localize
 from nandoctor.loop import run_step
 from nandoctor.probes.base import Probe
 from nandoctor.session import build_session
 from nandoctor.snapshot import SnapshotStore
 from tests.conftest import TRAIN_PY, base_config
+
+NO_VERIFY = DiagnoseOptions(verify=False)
 
 MODELS = '''
 from collections import OrderedDict
@@ -107,7 +109,7 @@ def line_of(marker: str) -> int:
 
 
 def report_of(project, **overrides):
-    return diagnose(load_config(project(base_config(**overrides))), verify=False)
+    return diagnose(load_config(project(base_config(**overrides))), NO_VERIFY)
 
 
 def test_input_nan_at_step_k(project, models):

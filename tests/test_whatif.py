@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from nandoctor.configfile import load_config
-from nandoctor.diagnose import diagnose
+from nandoctor.diagnose import DiagnoseOptions, diagnose
 from nandoctor.report import Cause
 from nandoctor.whatif import verify
 from tests.conftest import CONFIGS
@@ -36,7 +36,7 @@ def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
 
 def test_a_spent_budget_leaves_causes_unverified():
     loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
-    report = diagnose(loaded, verify_budget=0.0)
+    report = diagnose(loaded, DiagnoseOptions(verify_budget=0.0))
     assert all(c.verified is None for c in report.causes)
     assert all("time budget ran out" in (c.verification or "") for c in report.causes)
 

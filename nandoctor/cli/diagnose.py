@@ -1,4 +1,5 @@
-"""`nandoctor diagnose CONFIG`: replay, stop at the first bad step, report."""
+"""`nandoctor diagnose CONFIG`: replay, stop at the first bad step, say where and why;
+with `--baseline`, gate the run's numeric health against a recorded healthy run."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import typer
 from rich.console import Console
 
 from nandoctor import diagnose as engine
+from nandoctor.baseline import read_baseline
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.configfile import load_config
+from nandoctor.configfile import LoadedConfig, load_config
 from nandoctor.errors import ExitCode
+from nandoctor.gate import Tolerances
 from nandoctor.io import write_text
+from nandoctor.render.junit import render_junit
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.terminal import StepProgress, print_header, render_report
 from nandoctor.report import Report
+
+DEFAULTS = Tolerances()
 
 
 @app.command()
@@ -28,51 +34,85 @@ def diagnose(
     seed: int | None = options.Seed,
     json_path: str | None = options.Json,
     markdown_path: str | None = options.Markdown,
+    junit_path: str | None = options.Junit,
     no_verify: bool = typer.Option(False, "--no-verify", help="Do not replay the fixes."),
     verify_budget: float = typer.Option(
         engine.DEFAULT_VERIFY_BUDGET, "--verify-budget", min=0, help="Seconds for all fix replays."
     ),
+    time_budget: float | None = options.TimeBudget,
+    baseline: str | None = typer.Option(None, "--baseline", help="Gate on this baseline file."),
+    max_headroom: float | None = typer.Option(
+        None,
+        "--max-headroom",
+        min=0,
+        help="Largest fraction of 65504 allowed (default 0.5, float16 runs).",
+    ),
+    max_activation_growth: float = typer.Option(DEFAULTS.max_activation_growth, min=1),
+    max_gradient_growth: float = typer.Option(DEFAULTS.max_gradient_growth, min=1),
+    skip_streak_margin: int = typer.Option(DEFAULTS.skip_streak_margin, min=0),
+    max_loss_increase: float = typer.Option(DEFAULTS.max_loss_increase, min=0),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
 ) -> None:
     """Replay the run, stop at the first non-finite step, and say where and why."""
-    outputs = {"--json": json_path, "--markdown": markdown_path}
+    outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    tolerances = Tolerances(
+        max_headroom,
+        max_activation_growth,
+        max_gradient_growth,
+        skip_streak_margin,
+        max_loss_increase,
+    )
+    settings = engine.DiagnoseOptions(
+        verify=not no_verify,
+        verify_budget=verify_budget,
+        measure_health=bool(junit_path) or max_headroom is not None,
+        baseline=read_baseline(baseline) if baseline else None,
+        baseline_path=baseline,
+        tolerances=tolerances,
+        time_budget=time_budget,
+    )
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
-    progress = StepProgress(console, loaded.config.steps, enabled=not quiet)
-
-    def on_session(session) -> None:
-        if not quiet:
-            print_header(console, "diagnose", str(config), session)
-        progress.__enter__()
-
-    try:
-        report = engine.diagnose(
-            loaded,
-            on_session=on_session,
-            on_step=progress.update,
-            verify=not no_verify,
-            verify_budget=verify_budget,
-        )
-    finally:
-        progress.__exit__(None, None, None)
+    report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
     render_report(console, report, quiet=quiet)
     write_reports(report, outputs)
     raise typer.Exit(int(exit_code(report)))
 
 
+def run_with_progress(
+    console: Console,
+    command: str,
+    shown_path: str,
+    loaded: LoadedConfig,
+    settings: engine.DiagnoseOptions,
+    quiet: bool,
+) -> Report:
+    progress = StepProgress(console, loaded.config.steps, enabled=not quiet)
+
+    def on_session(session) -> None:
+        if not quiet:
+            print_header(console, command, shown_path, session)
+        progress.__enter__()
+
+    try:
+        return engine.diagnose(loaded, settings, on_session=on_session, on_step=progress.update)
+    finally:
+        progress.__exit__(None, None, None)
+
+
 def write_reports(report: Report, outputs: dict[str, str | None]) -> None:
     """Every report asked for, each written atomically."""
-    renderers = {"--json": Report.to_json, "--markdown": render_markdown}
+    renderers = {"--json": Report.to_json, "--markdown": render_markdown, "--junit": render_junit}
     for option, path in outputs.items():
         if path:
             write_text(path, renderers[option](report), option)
 
 
 def exit_code(report: Report) -> ExitCode:
-    return {
-        "healthy": ExitCode.HEALTHY,
-        "nonfinite": ExitCode.NONFINITE,
-        "interrupted": ExitCode.INTERRUPTED,
-    }.get(report.status, ExitCode.USAGE)
+    if report.status == "interrupted":
+        return ExitCode.INTERRUPTED
+    if report.status != "healthy" or (report.gate is not None and not report.gate.passed):
+        return ExitCode.NONFINITE
+    return ExitCode.HEALTHY

@@ -52,5 +52,9 @@ Dtype = typer.Option(
 Seed = typer.Option(None, "--seed", min=0, help="Seed for Python, numpy and torch.")
 Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout).")
 Markdown = typer.Option(None, "--markdown", help="Write a Markdown report here ('-' for stdout).")
+Junit = typer.Option(None, "--junit", help="Write a JUnit XML report here, for CI test reporters.")
+TimeBudget = typer.Option(
+    None, "--time-budget", min=0, help="Stop the run after this many seconds; judge the steps done."
+)
 Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")
 Debug = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")

@@ -14,7 +14,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from nandoctor.report import Event, Telemetry
+from nandoctor.telemetry import Event, Telemetry
 
 EARLY_FRACTION = 0.2  # the "early" window: the first fifth of the run...
 LATE_FRACTION = 0.1  # ...and the "late" one: the last tenth before the failure

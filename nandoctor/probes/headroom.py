@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nandoctor.comparison import Headroom
+from nandoctor.health import Headroom
 from nandoctor.probes.base import Probe, StepContext
 from nandoctor.tensors import floating
 
@@ -87,8 +87,8 @@ class HeadroomProbe(Probe):
         values = _read([self._acts[n] for n in names])
         grads = _read([self._grads.get(n) or _Peak() for n in names])
         out = [
-            Headroom(n, self._types.get(n, "?"), a[0], a[1], g[0], g[1])
-            for n, a, g in zip(names, values, grads, strict=True)
+            Headroom(n, self._types.get(n, "?"), a[0], a[1], g[0], g[1], order)
+            for order, (n, a, g) in enumerate(zip(names, values, grads, strict=True))
         ]
         return sorted(out, key=lambda h: -h.peak_fraction)
 

@@ -1,0 +1,145 @@
+"""Assemble a `Report` from what the engines saw: the fast run, the localisation, the
+session. Sentences for people (the summary) are written here once, for every renderer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from nandoctor import __version__
+from nandoctor.configfile import LoadedConfig
+from nandoctor.devices import CPU_AUTOCAST_NOTE
+from nandoctor.diagnosis.evidence import Evidence
+from nandoctor.localize import Localization
+from nandoctor.probes.base import Phase
+from nandoctor.replay import RunResult
+from nandoctor.report import Environment, FirstNonfinite, Report, Tool
+from nandoctor.session import Session
+
+MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
+
+
+def build_report(
+    command: str,
+    loaded: LoadedConfig,
+    session: Session,
+    result: RunResult,
+    located: Localization | None = None,
+) -> Report:
+    notes = session_notes(session)
+    if located is not None and located.reproduced and located.note:
+        notes.append(located.note)
+    if located is not None and not located.reproduced:
+        notes.append(
+            f"the instrumented replay of step {located.step} saw no non-finite value: "
+            "the failure is nondeterministic or transient"
+            + (f" ({located.note})" if located.note else "")
+        )
+    if result.status == "timeout":
+        notes.append(
+            f"time budget: stopped after {result.steps_run} of {loaded.config.steps} steps; "
+            "the steps run are judged, the rest are not"
+        )
+    timing = {"run_s": round(result.seconds, 3)}
+    if located is not None:
+        timing["replay_s"] = round(located.seconds, 3)
+    return Report(
+        command=command,
+        config=str(loaded.path),
+        name=loaded.config.name,
+        environment=environment_of(session),
+        status="healthy" if result.status == "timeout" else result.status,
+        steps_completed=result.steps_completed,
+        summary=summarize(result, located),
+        first_nonfinite=first_nonfinite(result, located),
+        events=result.events,
+        telemetry=result.telemetry,
+        evidence=evidence_of(located),
+        notes=notes,
+        timing=timing,
+        tool=Tool(version=__version__),
+    )
+
+
+def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNonfinite | None:
+    failure = result.failure
+    if failure is None or failure.step is None or failure.phase is None:
+        return None
+    found = located.finding if located is not None else None
+    if found is None:
+        return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=False)
+    return FirstNonfinite(
+        step=failure.step,
+        phase=found.phase.value,
+        module=found.module,
+        op=found.op,
+        tensor=found.tensor,
+        value=found.value,
+        dtype=found.dtype,
+        shape=found.shape,
+        count_nonfinite=found.count,
+        source=found.source,
+        reproduced=True,
+    )
+
+
+def evidence_of(located: Localization | None) -> Evidence | None:
+    if located is None or located.finding is None:
+        return None
+    return dataclasses.replace(
+        located.finding.evidence,
+        modules=located.modules[:MODULES_IN_EVIDENCE],
+        replayed_from_step=located.from_step,
+    )
+
+
+def environment_of(session: Session) -> Environment:
+    return Environment(
+        device=str(session.device),
+        torch=torch.__version__,
+        dtype=str(session.dtype).removeprefix("torch."),
+        grad_scaler=session.scaler is not None,
+        threads=torch.get_num_threads(),
+    )
+
+
+def session_notes(session: Session) -> list[str]:
+    notes = []
+    if session.config.device == "auto" and session.device.type == "cpu":
+        notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
+    if session.device.type == "cpu" and session.dtype != torch.float32:
+        notes.append(CPU_AUTOCAST_NOTE)
+    return notes
+
+
+def summarize(result: RunResult, located: Localization | None = None) -> str:
+    if result.status == "interrupted":
+        return f"interrupted after {result.steps_run} steps; no non-finite value seen before"
+    if result.status == "timeout":
+        return f"the time budget stopped the run after {result.steps_run} steps, all finite"
+    if result.failure is None:
+        return f"all {result.steps_run} steps stayed finite"
+    f = result.failure
+    head = f"step {f.step}, phase {f.phase.value if f.phase else '?'}"
+    found = located.finding if located is not None else None
+    if found is None:
+        return f"{head}: {f.why}"
+    if found.op is None:
+        return f"{head}: {found.tensor} held {found.count} {found.value} value(s)"
+    sentence = _origin_sentence(found)
+    streak = f.phase is Phase.BACKWARD and f.reading.scale is not None
+    return f"{head}: {f.why}; {sentence}" if streak else f"{head}: {sentence}"
+
+
+def _origin_sentence(found) -> str:
+    parts = [found.op]
+    if found.evidence.backward_of:
+        parts.append(f"in the backward of {found.evidence.backward_of}")
+    if found.module is not None:
+        parts.append(f"in {found.module or '(root)'}")
+    if found.source:
+        parts.append(f"at {found.source}")
+    what = f"{found.value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
+    return " ".join(parts) + f" produced {what}"

@@ -1,0 +1,50 @@
+"""`nandoctor baseline CONFIG --out FILE`: record a healthy run's numeric health, for
+`nandoctor diagnose CONFIG --baseline FILE` to gate on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from nandoctor import diagnose as engine
+from nandoctor.baseline import baseline_of
+from nandoctor.cli import options
+from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.diagnose import run_with_progress
+from nandoctor.configfile import load_config
+from nandoctor.errors import ExitCode
+from nandoctor.io import write_text
+from nandoctor.render.terminal import render_report
+
+
+@app.command()
+@handles_errors
+def baseline(
+    config: Path = typer.Argument(..., help="The run's YAML config."),
+    out: str = typer.Option(..., "--out", help="Where to write the baseline JSON."),
+    steps: int | None = options.Steps,
+    device: str | None = options.Device,
+    dtype: str | None = options.Dtype,
+    seed: int | None = options.Seed,
+    time_budget: float | None = options.TimeBudget,
+    quiet: bool = options.Quiet,
+    debug: bool = options.Debug,
+) -> None:
+    """Record a healthy run's numeric health; exit 1 (and write nothing) if it is not healthy."""
+    options.check_outputs({"--out": out})
+    loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    settings = engine.DiagnoseOptions(verify=False, measure_health=True, time_budget=time_budget)
+    console = Console(stderr=out == "-", highlight=False)
+    report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
+    report.gate = None  # a baseline records; it does not judge headroom
+    render_report(console, report, quiet=quiet)
+    if report.status != "healthy":
+        console.print("[red]no baseline written: the run was not healthy[/]")
+        raise typer.Exit(int(ExitCode.NONFINITE))
+    write_text(
+        out, baseline_of(report, loaded.config.seed, report.steps_completed).to_json(), "--out"
+    )
+    if not quiet:
+        console.print(f"baseline of {report.steps_completed} steps written to {out}")

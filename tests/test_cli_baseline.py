@@ -1,0 +1,119 @@
+"""A CI job: record a baseline on a healthy run, gate later runs on it; a change that
+doubles one layer's weights fails the gate and names that layer, before any NaN."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from typer.testing import CliRunner
+
+from nandoctor.baseline import read_baseline
+from nandoctor.cli import app
+from tests.conftest import base_config
+
+runner = CliRunner()
+
+SCALED = """
+import torch
+from torch import nn
+
+
+def build_model(double=None):
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(8, 16))
+    model.add_module("act", nn.ReLU())
+    model.add_module("fc2", nn.Linear(16, 16))
+    model.add_module("act2", nn.ReLU())
+    model.add_module("head", nn.Linear(16, 3))
+    if double:
+        with torch.no_grad():
+            getattr(model, double).weight.mul_(2.0)
+    return model
+"""
+
+
+def config(project, tmp_path, **model_args):
+    (tmp_path / "scaled.py").write_text(SCALED)
+    return project(base_config(model="scaled.py:build_model", model_args=model_args, steps=12))
+
+
+def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
+    out = tmp_path / "baseline.json"
+    result = runner.invoke(
+        app, ["baseline", str(config(project, tmp_path)), "--out", str(out), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    data = json.loads(text)
+    assert data["format"] == "nandoctor-baseline" and data["schema_version"] == 1
+    assert list(data) == sorted(data)  # diff-friendly
+    baseline = read_baseline(str(out))
+    assert baseline.health.steps == 12 and {m.module for m in baseline.health.modules} >= {
+        "fc1",
+        "fc2",
+    }
+    assert baseline.to_json() == text
+
+
+def test_the_same_run_passes_its_baseline(project, tmp_path):
+    path, out = config(project, tmp_path), tmp_path / "b.json"
+    runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+
+
+def test_doubling_one_layer_fails_the_gate_naming_it(project, tmp_path):
+    out, junit = tmp_path / "b.json", tmp_path / "junit.xml"
+    runner.invoke(app, ["baseline", str(config(project, tmp_path)), "--out", str(out), "-q"])
+    changed = config(project, tmp_path, double="fc2")
+    result = runner.invoke(
+        app,
+        [
+            "diagnose",
+            str(changed),
+            "--baseline",
+            str(out),
+            "--junit",
+            str(junit),
+            "--json",
+            "-",
+            "-q",
+        ],
+    )
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["status"] == "healthy"  # no NaN: a regression caught before it
+    failed = [c for c in report["gate"]["checks"] if not c["passed"]]
+    assert failed[0]["name"] == "activation growth" and failed[0]["message"].startswith(
+        "fc2 (Linear)"
+    )
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["activation growth"].find("failure").get("message").startswith("fc2 (Linear)")
+
+
+def test_an_unhealthy_run_writes_no_baseline(project, tmp_path):
+    out = tmp_path / "b.json"
+    path = project(base_config(data_args={"nan_at": 1}))
+    result = runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    assert result.exit_code == 1 and not out.exists()
+    assert "no baseline written" in result.output
+
+
+def test_a_missing_or_foreign_baseline_is_a_usage_error(project, tmp_path):
+    path = project(base_config())
+    result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(tmp_path / "none.json")])
+    assert result.exit_code == 2 and "file not found" in result.output
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(tmp_path / "other.json")])
+    assert result.exit_code == 2 and "not a nandoctor baseline" in result.output
+
+
+def test_time_budget_stops_the_run_and_judges_what_ran(project):
+    path = project(base_config(steps=100000))
+    result = runner.invoke(app, ["diagnose", str(path), "--time-budget", "1", "--json", "-", "-q"])
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    assert 0 < report["steps_completed"] < 100000
+    assert any(n.startswith("time budget: stopped after") for n in report["notes"])

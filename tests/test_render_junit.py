@@ -1,0 +1,43 @@
+"""JUnit XML parses back: one case per check, a failure on a NaN run with the step,
+the tensor and the top cause."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from nandoctor.gate import Check, Gate
+from nandoctor.render.junit import render_junit
+from nandoctor.report import Cause
+from tests.test_render_terminal import failing_report
+
+
+def cases(xml: str) -> dict[str, ET.Element]:
+    root = ET.fromstring(xml)
+    assert root.tag == "testsuites"
+    (suite,) = root.findall("testsuite")
+    return suite, {c.get("name"): c for c in suite.findall("testcase")}
+
+
+def test_a_nan_run_is_one_failing_case_with_step_tensor_and_cause(tmp_path):
+    report = failing_report(tmp_path)
+    report.causes = [Cause("log-of-softmax", "t", 0.93, [], "use log_softmax")]
+    suite, by_name = cases(render_junit(report))
+    failure = by_name["finite run"].find("failure")
+    assert failure is not None
+    message = failure.get("message")
+    assert "step 3, phase loss" in message and "output of aten.log.default" in message
+    assert "top cause log-of-softmax (93%)" in message
+    assert (suite.get("tests"), suite.get("failures")) == ("1", "1")
+
+
+def test_gate_checks_are_cases(tmp_path):
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "healthy", None
+    report.gate = Gate(
+        "b.json", [Check("headroom", True, "peak at 10%"), Check("final loss", False, "worse")]
+    )
+    suite, by_name = cases(render_junit(report))
+    assert set(by_name) == {"finite run", "headroom", "final loss"}
+    assert by_name["finite run"].find("failure") is None
+    assert by_name["final loss"].find("failure").get("message") == "worse"
+    assert suite.get("failures") == "1"
