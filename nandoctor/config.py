@@ -127,6 +127,15 @@ class SnapshotPolicy(_Section):
         return None if self.every == "auto" else int(self.every)
 
 
+class DistributedConfig(_Section):
+    """Data-parallel runs: `nandoctor diagnose` relaunches itself on this many processes."""
+
+    nproc_per_node: Count = Field(1, description="processes on this node (1: no launch)")
+    backend: Literal["gloo", "nccl"] | None = Field(None, description="default: nccl on CUDA, gloo on CPU")
+    strategy: Literal["ddp"] = Field("ddp", description="DistributedDataParallel")
+    timeout_s: Number = Field(300.0, description="a rank that hangs this long ends the job")
+
+
 class Config(_Section):
     """A training run to replay. Paths are relative to the config file."""
 
@@ -150,6 +159,7 @@ class Config(_Section):
     device: DeviceName = "auto"
     seed: Annotated[int, BeforeValidator(_not_a_bool)] = Field(0, ge=0, lt=2**32)
     snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     checkpoint: str | None = Field(
         None, description="state_dict, or {model, optimizer, scaler, step}; weights_only load"
     )

@@ -33,7 +33,7 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
     session.optimizer.zero_grad(set_to_none=True)
     with _phase(ctx, probe, Phase.LOSS), _forward_phases(ctx, probe), session.autocast():
         with user_code("loss"):
-            loss = session.loss_fn(session.model, ctx.batch)
+            loss = session.loss_fn(session.train_model, ctx.batch)
         ctx.loss = _checked_loss(loss)
     with _phase(ctx, probe, Phase.BACKWARD):
         _backward(session, ctx)

@@ -19,12 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from nandoctor import checkpoint as ckpt
+from nandoctor import distributed
 from nandoctor.config import Config, FactorySpec
 from nandoctor.configfile import LoadedConfig
 from nandoctor.data import BatchStream
 from nandoctor.devices import check_dtype_supported, resolve_device
 from nandoctor.dtypes import torch_dtype
 from nandoctor.entrypoints import add_python_path, resolve
+from nandoctor.distributed import Ranks
 from nandoctor.errors import ConfigError, user_code
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -44,6 +46,12 @@ class Session:
     batches: BatchStream
     start_step: int = 0
     notes: list[str] = field(default_factory=list)
+    ranks: Ranks | None = None  # this process's place in a data-parallel job
+    train_model: torch.nn.Module | None = None  # what the loss calls: the DDP wrapper, or model
+
+    def __post_init__(self) -> None:
+        if self.train_model is None:
+            self.train_model = self.model
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -56,7 +64,8 @@ class Session:
 def build_session(loaded: LoadedConfig) -> Session:
     config, base = loaded.config, loaded.base_dir
     add_python_path(base, config.python_path)
-    device = resolve_device(config.device)
+    ranks = distributed.join(config.distributed, config.device)
+    device = ranks.device if ranks is not None else resolve_device(config.device)
     dtype = torch_dtype(config.precision.dtype)
     check_dtype_supported(device, dtype)
     seed_everything(config.seed)
@@ -70,22 +79,21 @@ def build_session(loaded: LoadedConfig) -> Session:
     if state is not None:
         ckpt.restore_training_state(state, optimizer, scaler)
     start = state.step if state is not None else 0
-    data = resolve(config.data, "data", base)
-    stream = BatchStream(lambda: data(**config.data_args), config.seed, start)
+    stream = BatchStream(_data_source(config, base, ranks), config.seed, start)
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
-    return Session(
-        config,
-        loaded.path,
-        model,
-        loss_fn,
-        optimizer,
-        scheduler,
-        scaler,
-        device,
-        dtype,
-        stream,
-        start,
-    )
+    session = Session(
+        config, loaded.path, model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start
+    )  # fmt: skip
+    if ranks is not None:
+        session.ranks, session.train_model = ranks, ranks.wrap(model)
+    return session
+
+
+def _data_source(config: Config, base: Path, ranks: Ranks | None) -> Callable[[], Any]:
+    data = resolve(config.data, "data", base)
+    if ranks is not None:
+        return ranks.shard(data, config.data_args)
+    return lambda: data(**config.data_args)
 
 
 def seed_everything(seed: int) -> None:

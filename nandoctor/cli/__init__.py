@@ -1,6 +1,6 @@
 """The command line: one small module per command, all added to one typer app."""
 
-from nandoctor.cli import baseline, compare, diagnose, schema  # noqa: F401  (each module adds its command)
+from nandoctor.cli import baseline, compare, diagnose, lint, schema  # noqa: F401  (each module adds its command)
 from nandoctor.cli.app import app
 
 

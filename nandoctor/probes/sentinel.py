@@ -14,6 +14,7 @@ becomes a failure only when skips repeat until the scale collapses.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,12 +37,14 @@ _SLOTS = (
     "input",
     "forward",
     "loss_bad",
+    "local_grads",  # this rank's gradients before the all-reduce (== grads outside DDP)
     "grads",
     "params",
     "loss",
     "grad_norm",
     "scale",
 )
+_ORIGIN_SLOTS = ("params_before", "input", "forward", "loss_bad", "local_grads")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class Reading:
     loss: float
     grad_norm: float
     scale: float | None
+    origin_ranks: tuple[int, ...] = ()  # ranks that went non-finite on their own
+    inherited_ranks: tuple[int, ...] = ()  # ranks that only got it through the all-reduce
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class Sentinel(Probe):
 
     def __init__(self, session: Session, *, defer: bool | None = None) -> None:
         self.device = session.device
+        self.ranks = session.ranks
         self.defer = self.device.type == "cuda" if defer is None else defer
         self._flags: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None, bool]] = []
@@ -113,6 +119,8 @@ class Sentinel(Probe):
             norm = total_norm(grads, self.device)
         self._flags["grad_norm"] = norm.detach()
         self._flags["grads"] = _bad(norm)
+        local = self.ranks.local_grads_bad() if self.ranks is not None else None
+        self._flags["local_grads"] = local if local is not None else self._flags["grads"]
         scale = amp.scale_tensor(ctx.session.scaler)
         if scale is not None:  # the scale this step used; update() changes it in place
             self._flags["scale"] = scale.detach().clone()
@@ -121,6 +129,8 @@ class Sentinel(Probe):
         has_scaler = ctx.session.scaler is not None
         zero = torch.zeros((), device=self.device)
         packed = torch.stack([self._flags.get(k, zero).float().reshape(()) for k in _SLOTS])
+        if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
+            packed = self.ranks.gather_rows(packed)
         if self.defer:
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             host.copy_(packed, non_blocking=True)
@@ -139,27 +149,34 @@ class Sentinel(Probe):
             step, values, event, has_scaler = self._pending.pop(0)
             if event is not None:
                 event.synchronize()
-            row = values.tolist()  # NB: the one host read per step
-            yield self._judge(_reading(step, row, has_scaler))
+            rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
+            yield self._judge(_reading(step, rows, has_scaler))
 
 
 def _bad(value: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(value)
 
 
-def _reading(step: int, row: list[float], has_scaler: bool) -> Reading:
-    v = dict(zip(_SLOTS, row, strict=True))
+def _reading(step: int, rows: list[list[float]], has_scaler: bool) -> Reading:
+    """One reading from every rank's row: a flag is up if any rank raised it."""
+    per_rank = [dict(zip(_SLOTS, row, strict=True)) for row in rows]
+    any_rank = {k: any(r[k] for r in per_rank) for k in _SLOTS}
+    origin = tuple(i for i, r in enumerate(per_rank) if any(r[k] for k in _ORIGIN_SLOTS))
+    bad = [i for i, r in enumerate(per_rank) if r["grads"] or r["params"]]
+    first = per_rank[0]
     return Reading(
         step=step,
-        params_before=bool(v["params_before"]),
-        input=bool(v["input"]),
-        forward=bool(v["forward"]),
-        loss_bad=bool(v["loss_bad"]),
-        grads=bool(v["grads"]),
-        params=bool(v["params"]),
-        loss=v["loss"],
-        grad_norm=v["grad_norm"],
-        scale=v["scale"] if has_scaler else None,
+        params_before=any_rank["params_before"],
+        input=any_rank["input"],
+        forward=any_rank["forward"],
+        loss_bad=any_rank["loss_bad"],
+        grads=any_rank["grads"],
+        params=any_rank["params"],
+        loss=statistics.fmean(r["loss"] for r in per_rank),
+        grad_norm=first["grad_norm"],  # the same on every rank after the all-reduce
+        scale=first["scale"] if has_scaler else None,
+        origin_ranks=origin if len(per_rank) > 1 else (),
+        inherited_ranks=tuple(i for i in bad if i not in origin) if len(per_rank) > 1 else (),
     )
 
 

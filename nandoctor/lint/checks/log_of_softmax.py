@@ -1,0 +1,107 @@
+"""log-of-softmax: `torch.log` of a softmax output, in every spelling.
+
+Found through aliases and methods (`F.softmax`, `x.softmax(-1).log()`, an `nn.Softmax`
+module), through variables in the same function (`probs = softmax(...)` then
+`log(probs)`), and through views and gathers (`probs.gather(1, y)`). `log(probs + 1e-8)` is
+a warning: the epsilon hides the zero in float32 only, and `1e-8` is 0 in float16.
+A sigmoid, `F.log_softmax` and a user's own `log` are not softmaxes of torch: not flagged.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from nandoctor.lint import patterns
+from nandoctor.lint.findings import Severity
+from nandoctor.lint.registry import Hit, check
+from nandoctor.lint.source import Source, contains
+from nandoctor.lint.tags import Kind, Tag
+
+INVALID = (
+    """\
+import torch
+loss = -(y * torch.log(torch.softmax(logits, -1))).sum(-1).mean()
+""",
+    """\
+import torch.nn.functional as F
+from torch import log
+probs = F.softmax(logits, dim=-1)
+nll = -log(probs.gather(1, y[:, None])).mean()
+""",
+    """\
+import torch
+log_probs = logits.softmax(-1).log()
+""",
+    """\
+import torch
+probs = torch.softmax(logits, -1)
+loss = -(y * torch.log(probs + 1e-8)).sum(-1).mean()  # warning: hides the 0 in float32 only
+""",
+)
+
+VALID = (
+    """\
+import torch.nn.functional as F
+loss = F.cross_entropy(logits, y)
+log_probs = F.log_softmax(logits, dim=-1)
+""",
+    """\
+import torch
+p = torch.sigmoid(z)
+loss = -(y * torch.log(p)).mean()  # a sigmoid is not a softmax
+""",
+    """\
+import math
+import numpy as np
+from scipy.special import softmax
+h = math.log(2) + np.log(softmax(scores)).sum()  # not torch
+""",
+)
+
+
+@check(
+    "log-of-softmax",
+    severity=Severity.ERROR,
+    summary="`log` taken of a softmax output (directly, through a variable, or with `+ eps`).",
+    invalid=INVALID,
+    valid=VALID,
+)
+def log_of_softmax(src: Source) -> Iterator[Hit]:
+    for call in src.calls:
+        argument = patterns.log_input(src, call)
+        if argument is None:
+            continue
+        tags = src.flow.tags(argument)
+        softmax = [t for t in tags if t.kind is Kind.SOFTMAX]
+        padded = [t for t in tags if t.kind is Kind.SOFTMAX_EPS]
+        if softmax:
+            yield Hit(call, _direct(src, call, argument, softmax[0]))
+        elif padded:
+            yield Hit(call, _padded(src, call, padded[0]), Severity.WARNING)
+
+
+def _direct(src: Source, call: ast.Call, argument: ast.AST, tag: Tag) -> str:
+    where = "" if contains(argument, tag.origin) else f" (from line {tag.origin.lineno})"  # type: ignore[attr-defined]
+    return (
+        f"Use `F.log_softmax` (or `F.cross_entropy` on the logits) instead of "
+        f"`{_log_name(src, call)}` of a softmax{where}: a probability that underflowed to 0 "
+        f"gives log(0) = -inf and a NaN gradient."
+    )
+
+
+def _padded(src: Source, call: ast.Call, tag: Tag) -> str:
+    eps = f"{tag.value:g}" if tag.value is not None else "an epsilon"
+    in_half = " (it is 0 in float16)" if tag.value is not None and tag.value < 2**-24 else ""
+    return (
+        f"Use `F.log_softmax` instead of `{_log_name(src, call)}` of a softmax plus {eps}"
+        f"{in_half}: the epsilon hides the underflow only where the dtype can hold it, and "
+        f"it biases the log-probabilities."
+    )
+
+
+def _log_name(src: Source, call: ast.Call) -> str:
+    name = src.qualname(call.func)
+    if name is not None:
+        return name.replace("torch.nn.functional", "F")
+    return f".{call.func.attr}()" if isinstance(call.func, ast.Attribute) else "log"

@@ -1,0 +1,116 @@
+"""`lint_paths`: read the files, run the selected checks, apply suppressions, sort.
+
+    >>> result = lint_paths(["train.py"], LintConfig())
+    >>> [(f.line, f.id) for f in result.findings]
+    [(9, 'log-of-softmax'), (12, 'exploding-gradients')]
+
+A file that does not decode or parse becomes a `Skipped` entry with the line of the error;
+a check that raises on some odd file becomes one too (naming the check), never a crash.
+Files that never import torch are read but not checked: the checks speak torch only.
+"""
+
+from __future__ import annotations
+
+import io
+import tokenize
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nandoctor.lint.config import LintConfig
+from nandoctor.lint.files import discover, display_path
+from nandoctor.lint.findings import Finding, LintResult, Skipped
+from nandoctor.lint.registry import Check, Hit, all_checks
+from nandoctor.lint.source import Source
+from nandoctor.lint.suppress import parse_suppressions
+
+
+@dataclass(frozen=True)
+class FileOutcome:
+    findings: tuple[Finding, ...] = ()
+    suppressed: int = 0
+    skipped: tuple[Skipped, ...] = ()
+
+
+def lint_paths(paths: Sequence[str | Path], config: LintConfig | None = None) -> LintResult:
+    config = config or LintConfig()
+    files = discover(paths, config.exclude, config.root)
+    outcomes = [lint_file(path, config) for path in files]
+    findings = sorted(
+        (f for o in outcomes for f in o.findings), key=lambda f: (f.path, f.line, f.column, f.id)
+    )
+    return LintResult(
+        findings=tuple(findings),
+        skipped=tuple(s for o in outcomes for s in o.skipped),
+        files_checked=len(files),
+        suppressed=sum(o.suppressed for o in outcomes),
+    )
+
+
+def lint_file(path: Path, config: LintConfig) -> FileOutcome:
+    shown = display_path(path)
+    try:
+        text = _read(path)
+    except (OSError, UnicodeDecodeError, SyntaxError) as e:
+        return FileOutcome(skipped=(Skipped(shown, f"cannot read: {e}"),))
+    return lint_text(text, shown, config)
+
+
+def lint_text(text: str, path: str = "<string>", config: LintConfig | None = None) -> FileOutcome:
+    """Lint one file's text; `path` is only what findings show."""
+    config = config or LintConfig()
+    try:
+        src = Source(path, text)
+    except SyntaxError as e:
+        reason = f"invalid syntax: {e.msg}"
+        return FileOutcome(skipped=(Skipped(path, reason, e.lineno, e.offset),))
+    except (ValueError, RecursionError, MemoryError) as e:
+        return FileOutcome(skipped=(Skipped(path, f"cannot parse: {e}"),))
+    if not src.imports_torch:
+        return FileOutcome()
+    return _run_checks(src, config)
+
+
+def _run_checks(src: Source, config: LintConfig) -> FileOutcome:
+    suppressions = parse_suppressions(src.text)
+    findings: dict[tuple[str, int, int], Finding] = {}
+    suppressed, skipped = 0, []
+    for check in all_checks().values():
+        if not config.enabled(check.id):
+            continue
+        try:
+            hits = list(check.run(src))
+        except Exception as e:  # NB: a bug of ours must not hide the other checks' findings
+            skipped.append(Skipped(src.path, f"check {check.id} failed ({type(e).__name__}: {e})"))
+            continue
+        for hit in hits:
+            finding = _finding(src, check, hit, config)
+            if suppressions.covers(check.id, finding.line, finding.end_line):
+                suppressed += 1
+            else:
+                findings.setdefault((finding.id, finding.line, finding.column), finding)
+    ordered = sorted(findings.values(), key=lambda f: (f.line, f.column, f.id))
+    return FileOutcome(tuple(ordered), suppressed, tuple(skipped))
+
+
+def _finding(src: Source, check: Check, hit: Hit, config: LintConfig) -> Finding:
+    span = src.span(hit.node)
+    return Finding(
+        id=check.id,
+        severity=config.severity_of(check.id, hit.severity or check.severity),
+        path=src.path,
+        line=span.line,
+        column=span.column,
+        end_line=span.end_line,
+        end_column=span.end_column,
+        message=hit.message,
+        code=src.line_text(span.line),
+        heuristic=check.heuristic,
+    )
+
+
+def _read(path: Path) -> str:
+    """Decode as Python does: a coding cookie or BOM, else UTF-8."""
+    data = path.read_bytes()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding)

@@ -1,0 +1,76 @@
+"""What `nandoctor lint` found: plain frozen data that every output format reads.
+
+    Finding(id="log-of-softmax", severity=Severity.ERROR, path="train.py", line=9,
+            column=26, end_line=9, end_column=67, message="`torch.log` of a softmax ...",
+            code="            loss = -(y * torch.log(torch.softmax(logits, -1))).sum(-1).mean()")
+
+Columns are 1-based and count characters (not UTF-8 bytes, which is what `ast` counts);
+`end_column` is exclusive, as in SARIF. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Severity(str, Enum):
+    """How sure and how bad. `--fail-on` compares severities by `rank`."""
+
+    INFO = "info"  # a heuristic: worth a look, often fine
+    WARNING = "warning"  # likely to produce inf/NaN in some runs
+    ERROR = "error"  # produces inf/NaN whenever the values get there
+
+    @property
+    def rank(self) -> int:
+        return _RANKS[self]
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_RANKS = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str  # a cause id of SPEC.md
+    severity: Severity
+    path: str  # as shown to the user: relative to the working directory when inside it
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    message: str  # what is wrong here, and what to do, in one breath
+    code: str  # the source line `line`, for the caret display
+    heuristic: bool = False  # True: a pattern that is often fine (severity info)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file that could not be linted (syntax error, undecodable bytes): reported, never a
+    crash, and it fails the run like an error does."""
+
+    path: str
+    reason: str
+    line: int | None = None
+    column: int | None = None
+
+
+@dataclass(frozen=True)
+class LintResult:
+    findings: tuple[Finding, ...]
+    skipped: tuple[Skipped, ...]
+    files_checked: int
+    suppressed: int  # findings silenced by `# nandoctor: ignore[...]` comments
+
+    def counts(self) -> dict[Severity, int]:
+        """Findings per severity, every severity present (0 when none), worst first."""
+        seen = Counter(f.severity for f in self.findings)
+        return {s: seen[s] for s in sorted(Severity, key=lambda s: -s.rank)}
+
+    def fails(self, fail_on: Severity) -> bool:
+        """True when the exit code should be 1: a finding at or above `fail_on`, or a file
+        that could not be linted."""
+        return bool(self.skipped) or any(f.severity.rank >= fail_on.rank for f in self.findings)

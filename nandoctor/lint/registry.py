@@ -1,0 +1,79 @@
+"""The table of lint checks: one check per cause id, each a unit with its own examples.
+
+A check is a function `Source -> Iterable[Hit]` registered with `@check(...)`, which also
+declares its default severity, a one-line summary and INVALID/VALID snippets (Fixit's
+idea): the tests run every snippet, and docs/lint.md shows them. Title, explanation and
+fix come from the cause catalog, so they are written once for diagnose, lint and docs.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from nandoctor.diagnosis import catalog
+from nandoctor.diagnosis.catalog import CauseInfo
+from nandoctor.lint.findings import Severity
+from nandoctor.lint.source import Source
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One place a check objects to; `severity` None means the check's default."""
+
+    node: ast.AST
+    message: str
+    severity: Severity | None = None
+
+
+CheckFunction = Callable[[Source], Iterable[Hit]]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str  # a cause id of SPEC.md, also the id users select, ignore and suppress
+    severity: Severity
+    summary: str  # what the check looks for, one sentence (docs, SARIF)
+    run: CheckFunction
+    invalid: tuple[str, ...]  # snippets it must flag
+    valid: tuple[str, ...]  # snippets it must leave alone
+    heuristic: bool = False  # a pattern that is often fine; findings say so
+
+    @property
+    def cause(self) -> CauseInfo:
+        return catalog.get(self.id)
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def check(
+    cause_id: str,
+    *,
+    severity: Severity,
+    summary: str,
+    invalid: Iterable[str],
+    valid: Iterable[str],
+    heuristic: bool = False,
+) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check under `cause_id`, which must be in the catalog, once."""
+
+    def register(run: CheckFunction) -> CheckFunction:
+        if cause_id in CHECKS:
+            raise ValueError(f"lint check {cause_id!r} is registered twice")
+        catalog.get(cause_id)  # NB: fails at import for an id the catalog lacks
+        CHECKS[cause_id] = Check(
+            cause_id, severity, summary, run, tuple(invalid), tuple(valid), heuristic
+        )
+        return run
+
+    return register
+
+
+def all_checks() -> dict[str, Check]:
+    """Every registered check, by id, in the order docs and SARIF list them."""
+    from nandoctor.lint.checks import ORDER  # NB: importing the package registers them
+
+    rank = {cause_id: i for i, cause_id in enumerate(ORDER)}
+    return dict(sorted(CHECKS.items(), key=lambda item: rank.get(item[0], len(rank))))

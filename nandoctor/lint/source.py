@@ -1,0 +1,204 @@
+"""One parsed file and the facts that checks ask about, each computed once, on demand.
+
+A check receives a `Source` and asks: what does this name resolve to (`qualname`), which
+function is this node in (`scope_of`), which nodes enclose it (`ancestors`), where is it
+for the user (`span`), what does this variable hold here (`flow`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from nandoctor.lint.index import FUNCTIONS, SCOPES, Index, build_index
+from nandoctor.lint.names import Imports, alias_targets, collect_imports
+
+if TYPE_CHECKING:
+    from nandoctor.lint.flow import Flow
+
+__all__ = ["FUNCTIONS", "SCOPES", "Source", "Span", "contains", "position"]
+
+
+@dataclass(frozen=True)
+class Span:
+    """1-based lines and character columns; `end_column` is exclusive."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+
+class Source:
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.text = text
+        with warnings.catch_warnings():  # NB: "\d" in a user's string is not our business
+            warnings.simplefilter("ignore")
+            self.tree = ast.parse(text, filename=path)  # NB: SyntaxError is the caller's
+        self.lines = re.split(r"\r\n|\r|\n", text)  # NB: not splitlines(): \f is no newline
+
+    @cached_property
+    def _index(self) -> Index:
+        return build_index(self.tree)
+
+    @property
+    def nodes(self) -> list[ast.AST]:
+        """Every node, in pre-order (NB: one walk; a walk of a big file costs more than a
+        check)."""
+        return self._index.nodes
+
+    @property
+    def parents(self) -> dict[ast.AST, tuple[ast.AST, str]]:
+        """Each node's parent and the field of the parent that holds it."""
+        return self._index.parents
+
+    def nodes_of(self, *types: type) -> list[ast.AST]:
+        """The nodes of these types, in pre-order."""
+        by_type = self.__dict__.setdefault("_by_type", {})
+        if not by_type:
+            for node in self.nodes:
+                by_type.setdefault(type(node), []).append(node)
+        if len(types) == 1:
+            return by_type.get(types[0], [])
+        return [n for n in self.nodes if isinstance(n, types)]
+
+    @cached_property
+    def calls(self) -> list[ast.Call]:
+        """Every call, in source order."""
+        return sorted(self.nodes_of(ast.Call), key=position)  # type: ignore[arg-type]
+
+    @cached_property
+    def calls_by_function(self) -> dict[ast.AST, list[ast.Call]]:
+        """Calls grouped by their innermost function (the module for top-level code)."""
+        groups: dict[ast.AST, list[ast.Call]] = {}
+        for call in self.calls:
+            groups.setdefault(self.function_of(call) or self.tree, []).append(call)
+        return groups
+
+    @cached_property
+    def imports(self) -> Imports:
+        return collect_imports(self.nodes)
+
+    @cached_property
+    def imports_torch(self) -> bool:
+        if "torch" not in self.text:
+            return False  # NB: spares indexing files that cannot be about torch
+        return any(q == "torch" or q.startswith("torch.") for q in self.imports.aliases.values())
+
+    @cached_property
+    def flow(self) -> Flow:
+        from nandoctor.lint.flow import Flow  # NB: flow reads Source; import late
+
+        return Flow(self)
+
+    @cached_property
+    def _alias_names(self) -> frozenset[str]:
+        return alias_targets(self.nodes_of(ast.Assign), self.imports)
+
+    def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
+        while node in self.parents:
+            node = self.parents[node][0]
+            yield node
+
+    def scope_of(self, node: ast.AST) -> ast.AST:
+        """The innermost function, lambda, class body or module `node` is evaluated in."""
+        return self._index.scopes.get(node, self.tree)
+
+    def enclosing_scopes(self, node: ast.AST) -> Iterator[ast.AST]:
+        scope = self.scope_of(node)
+        while True:
+            yield scope
+            if scope is self.tree:
+                return
+            scope = self.scope_of(scope)
+
+    def function_of(self, node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The innermost `def` around `node` (lambdas and class bodies skipped)."""
+        for scope in self.enclosing_scopes(node):
+            if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return scope
+        return None
+
+    def class_of(self, node: ast.AST) -> ast.ClassDef | None:
+        return next((s for s in self.enclosing_scopes(node) if isinstance(s, ast.ClassDef)), None)
+
+    def bindings(self, scope: ast.AST) -> frozenset[str]:
+        """Names that `scope` binds itself (parameters, assignments, defs; not imports)."""
+        return self._bindings.get(scope, frozenset())
+
+    @cached_property
+    def _bindings(self) -> dict[ast.AST, frozenset[str]]:
+        aliases = self._alias_names
+        return {scope: names - aliases for scope, names in self._index.bindings.items()}
+
+    def qualname(self, node: ast.AST) -> str | None:
+        """`torch.nn.functional.softmax` for `F.softmax` after `import torch.nn.functional
+        as F`; None for anything that is not an imported name (locals, calls, ...)."""
+        memo = self.__dict__.setdefault("_qualnames", {})
+        if node not in memo:
+            memo[node] = self._qualname(node)
+        return memo[node]
+
+    def _qualname(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute):
+            base = self.qualname(node.value)
+            return f"{base}.{node.attr}" if base else None
+        if not isinstance(node, ast.Name):
+            return None
+        for scope in self._visible_scopes(node):
+            if node.id in self.bindings(scope):
+                return None
+        return self.imports.resolve_global(node.id)
+
+    def _visible_scopes(self, node: ast.AST) -> Iterator[ast.AST]:
+        """The enclosing functions, innermost first, then the module (class bodies are not
+        visible from their methods)."""
+        for i, scope in enumerate(self.enclosing_scopes(node)):
+            if not isinstance(scope, ast.ClassDef) or i == 0:
+                yield scope
+
+    def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
+        """True when `a` and `b` sit in different branches of one `if` (never both run)."""
+        branches = {id(p): f for p, f in self._branches(a)}
+        return any(id(p) in branches and branches[id(p)] != f for p, f in self._branches(b))
+
+    def _branches(self, node: ast.AST) -> Iterator[tuple[ast.AST, str]]:
+        while node in self.parents:
+            parent, field = self.parents[node]
+            if isinstance(parent, (ast.If, ast.IfExp)) and field in ("body", "orelse"):
+                yield parent, field
+            node = parent
+
+    def span(self, node: ast.AST) -> Span:
+        line = node.lineno  # type: ignore[attr-defined]
+        end_line = node.end_lineno or line  # type: ignore[attr-defined]
+        column = self._char_column(line, node.col_offset)  # type: ignore[attr-defined]
+        end = self._char_column(end_line, node.end_col_offset or 0)  # type: ignore[attr-defined]
+        return Span(line, column + 1, end_line, end + 1)
+
+    def _char_column(self, line: int, byte_offset: int) -> int:
+        """NB: `ast` columns count UTF-8 bytes; users and SARIF count characters."""
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        return len(text.encode("utf-8")[:byte_offset].decode("utf-8", errors="ignore"))
+
+    def line_text(self, line: int) -> str:
+        return self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+
+    def segment(self, node: ast.AST) -> str:
+        """The node's source text, on one line (for messages)."""
+        text = ast.get_source_segment(self.text, node) or ast.unparse(node)
+        return " ".join(text.split())
+
+
+def contains(container: ast.AST, node: ast.AST) -> bool:
+    return any(n is node for n in ast.walk(container))
+
+
+def position(node: ast.AST) -> tuple[int, int]:
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))

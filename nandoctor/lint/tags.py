@@ -1,0 +1,44 @@
+"""The facts the data flow attaches to a value: `probs` holds a softmax output, `mask` a
+-inf fill, `EPS` the constant 1e-8. See `flow` for how they travel."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(Enum):
+    SOFTMAX = "softmax output"
+    SOFTMAX_EPS = "softmax output plus an epsilon"
+    SOFTMAX_MODULE = "nn.Softmax module"
+    NEG_INF = "-inf fill"
+    EXP = "positive: exp or a sum of exp"
+    POSITIVE = "positive: sigmoid, softplus or a sum of them"
+    SQUARES = "squares, a sum of squares or a variance"
+    ZEROABLE = "sum, norm or std: 0 for all-zero input"
+    EPS_ADDED = "plus a small constant"
+    CLAMPED = "clamped"
+    FLOAT32 = "cast to float32 by the code itself (`.float()`): float32 even under autocast"
+    CONST = "numeric constant"
+
+
+@dataclass(frozen=True)
+class Tag:
+    kind: Kind
+    origin: ast.AST  # the node that produced the value (a softmax call, a masked_fill...)
+    value: float | None = None  # CONST, EPS_ADDED, SOFTMAX_EPS: the constant, when known
+
+
+Tags = frozenset[Tag]
+NONE: Tags = frozenset()
+
+
+def keep(tags: Iterable[Tag], kinds: Iterable[Kind]) -> Tags:
+    wanted = set(kinds)
+    return frozenset(t for t in tags if t.kind in wanted)
+
+
+def kinds(tags: Iterable[Tag]) -> set[Kind]:
+    return {t.kind for t in tags}

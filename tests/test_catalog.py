@@ -1,0 +1,107 @@
+"""The cause catalog: every SPEC.md id, once, complete, and docs/causes.md in sync."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from nandoctor.diagnosis import catalog
+from nandoctor.diagnosis.catalog import CATALOG, CauseInfo, get
+from nandoctor.diagnosis.docs import render_causes
+
+REPO = Path(__file__).resolve().parents[1]
+
+# SPEC.md, "Cause ids": stable, added to and never renamed. Copied here on purpose: CI has
+# no access to the design folder, and a rename must fail this test.
+SPEC_IDS = (
+    "log-of-softmax",
+    "log-of-zero",
+    "fp16-overflow",
+    "exploding-gradients",
+    "learning-rate-too-high",
+    "nonfinite-input",
+    "nonfinite-parameters",
+    "division-by-zero",
+    "nondifferentiable-point",
+    "fully-masked-softmax",
+    "eps-underflow",
+    "grad-scaler-collapse",
+    "invalid-domain",
+    "clip-before-unscale",
+)
+
+
+def test_every_spec_id_has_an_entry_and_nothing_else_does():
+    assert set(CATALOG) == set(SPEC_IDS)
+    assert len(CATALOG) == len(SPEC_IDS)
+
+
+@pytest.mark.parametrize("cause_id", SPEC_IDS)
+def test_entries_are_complete(cause_id):
+    info = get(cause_id)
+    assert info.id == cause_id
+    for field in ("title", "explanation", "fix", "before", "after"):
+        assert getattr(info, field).strip(), f"{cause_id}.{field} is empty"
+    assert info.before != info.after
+    assert len(info.title) <= 60, "titles are short"
+    assert 2 <= info.explanation.count(". ") + 1 <= 6, "explanations run 2-4 sentences"
+
+
+@pytest.mark.parametrize("cause_id", SPEC_IDS)
+def test_snippets_are_python(cause_id):
+    info = get(cause_id)
+    for snippet in (info.before, info.after):
+        ast.parse(snippet)
+        compile(snippet, f"<{cause_id}>", "exec")
+
+
+def test_entries_are_frozen():
+    with pytest.raises(AttributeError):
+        get("eps-underflow").fix = "anything"  # type: ignore[misc]
+
+
+def test_a_duplicate_id_is_refused():
+    with pytest.raises(ValueError, match="registered twice"):
+        catalog._cause("log-of-softmax", "t", "e", "f", "b = 1", "a = 1")
+    assert isinstance(CATALOG["log-of-softmax"], CauseInfo)
+
+
+def test_an_unknown_id_names_the_known_ones():
+    with pytest.raises(KeyError, match="log-of-softmax"):
+        get("log-softmax")
+
+
+def test_fp16_overflow_explains_bfloat16():
+    text = get("fp16-overflow").explanation
+    for fact in ("65504", "3.4e38", "8 exponent bits", "5 exponent bits", "8 significand", "11"):
+        assert fact in text
+
+
+def test_exploding_gradients_unscales_before_clipping():
+    after = get("exploding-gradients").after
+    assert after.index("scaler.unscale_(opt)") < after.index("clip_grad_norm_")
+
+
+def test_log_of_softmax_shows_the_fused_ops():
+    after = get("log-of-softmax").after
+    assert "F.cross_entropy" in after
+    assert "F.log_softmax" in after
+
+
+def test_numbers_practitioners_check():
+    assert "6e-8" in get("eps-underflow").explanation
+    assert "exp(-18)" in get("log-of-softmax").explanation
+    assert "65536" in get("clip-before-unscale").explanation
+
+
+def test_committed_causes_md_is_generated_from_the_catalog():
+    committed = (REPO / "docs" / "causes.md").read_text(encoding="utf-8")
+    assert committed == render_causes(), "run: python -m nandoctor.diagnosis.docs > docs/causes.md"
+
+
+def test_causes_md_has_a_section_per_id():
+    text = render_causes()
+    for cause_id in SPEC_IDS:
+        assert f"\n## {cause_id}\n" in text

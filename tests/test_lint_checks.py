@@ -1,0 +1,128 @@
+"""Every check as a unit: its registry entry, its own VALID/INVALID snippets, the brief.
+
+The snippets are the ones docs/lint.md shows, so an example in the docs cannot lie.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nandoctor.diagnosis import catalog
+from nandoctor.lint import Severity, lint_text
+from nandoctor.lint.checks import ORDER
+from nandoctor.lint.registry import CHECKS, all_checks, check
+
+CHECK_IDS = list(all_checks())
+SNIPPETS = [
+    pytest.param(c.id, kind, i, snippet, id=f"{c.id}-{kind}-{i}")
+    for c in all_checks().values()
+    for kind, snippets in (("invalid", c.invalid), ("valid", c.valid))
+    for i, snippet in enumerate(snippets)
+]
+
+# The brief's failing loop and its fix, verbatim (the fix adds the import it relies on).
+BRIEF_LOOP = """\
+import torch
+model = Net().cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+scaler = torch.cuda.amp.GradScaler()
+for epoch in range(10):
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            logits = model(x)
+            loss = -(y * torch.log(torch.softmax(logits, -1))).sum(-1).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+"""
+BRIEF_FIXED = (
+    BRIEF_LOOP.replace("import torch\n", "import torch\nimport torch.nn.functional as F\n")
+    .replace(
+        "loss = -(y * torch.log(torch.softmax(logits, -1))).sum(-1).mean()",
+        "loss = F.cross_entropy(logits, y)",
+    )
+    .replace(
+        "        scaler.step(opt)\n",
+        "        scaler.unscale_(opt); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "        scaler.step(opt)\n",
+    )
+)
+
+
+def ids(text: str) -> list[tuple[int, str]]:
+    outcome = lint_text(text)
+    assert not outcome.skipped
+    return [(f.line, f.id) for f in outcome.findings]
+
+
+def test_the_brief_loop_shows_its_two_lint_visible_mistakes():
+    assert ids(BRIEF_LOOP) == [(9, "log-of-softmax"), (12, "exploding-gradients")]
+
+
+def test_the_brief_loop_fixed_is_clean():
+    assert "F.cross_entropy" in BRIEF_FIXED and "unscale_" in BRIEF_FIXED
+    assert ids(BRIEF_FIXED) == []
+
+
+def test_the_brief_loop_severities():
+    findings = {f.id: f for f in lint_text(BRIEF_LOOP).findings}
+    assert findings["log-of-softmax"].severity is Severity.ERROR
+    assert findings["exploding-gradients"].severity is Severity.WARNING
+
+
+def test_the_brief_loop_with_a_clip_before_unscale():
+    clip = "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    clipped = BRIEF_LOOP.replace("        scaler.step(opt)\n", clip + "        scaler.step(opt)\n")
+    assert ids(clipped) == [(9, "log-of-softmax"), (12, "clip-before-unscale")]
+
+
+@pytest.mark.parametrize(("check_id", "kind", "index", "snippet"), SNIPPETS)
+def test_snippets(check_id, kind, index, snippet):
+    found = [i for _, i in ids(snippet)]
+    if kind == "invalid":
+        assert check_id in found, f"INVALID example {index} of {check_id} was not flagged"
+    else:
+        assert check_id not in found, f"VALID example {index} of {check_id} was flagged"
+
+
+@pytest.mark.parametrize("check_id", CHECK_IDS)
+def test_each_check_is_a_documented_unit(check_id):
+    unit = all_checks()[check_id]
+    assert unit.cause is catalog.get(check_id)
+    assert unit.summary.endswith(".")
+    assert unit.invalid and unit.valid
+    assert unit.run.__module__ == f"nandoctor.lint.checks.{check_id.replace('-', '_')}"
+    assert unit.heuristic == (unit.severity is Severity.INFO)
+
+
+def test_registry_refuses_duplicates_and_unknown_ids():
+    with pytest.raises(ValueError, match="twice"):
+        check("log-of-softmax", severity=Severity.ERROR, summary=".", invalid=(), valid=())(
+            lambda src: ()
+        )
+    with pytest.raises(KeyError):
+        check("no-such-cause", severity=Severity.ERROR, summary=".", invalid=(), valid=())(
+            lambda src: ()
+        )
+    assert "no-such-cause" not in CHECKS
+
+
+def test_registry_order_puts_heuristics_last():
+    assert sorted(ORDER) == sorted(CHECKS), "every check has its place in docs and SARIF"
+    severities = [c.severity.rank for c in all_checks().values()]
+    assert severities[-2:] == [Severity.INFO.rank, Severity.INFO.rank]
+    assert CHECK_IDS[:2] == ["log-of-softmax", "clip-before-unscale"]
+
+
+def test_findings_point_at_the_offending_call():
+    (finding,) = lint_text("import torch\ny = 1 + torch.log(x.softmax(-1))\n").findings
+    assert (finding.line, finding.column, finding.end_column) == (2, 9, 33)  # end: exclusive
+    assert finding.code == "y = 1 + torch.log(x.softmax(-1))"
+
+
+def test_a_message_gives_remedy_and_reason():
+    (finding,) = lint_text("import torch\np = torch.softmax(z, -1)\ny = torch.log(p)\n").findings
+    assert finding.message.startswith("Use `F.log_softmax`")
+    assert "from line 2" in finding.message
+    assert "-inf" in finding.message

@@ -1,0 +1,149 @@
+"""`nandoctor lint` as a user and a CI job see it: exit codes, options, outputs, config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import nandoctor.cli.lint  # noqa: F401  (adds the command to the app)
+from nandoctor.cli.app import app
+
+runner = CliRunner()
+
+ERROR = "import torch\np = torch.softmax(x, -1)\nloss = torch.log(p)\n"
+WARNING = "import torch\np = torch.softmax(x, -1)\nloss = torch.log(p + 1e-8)\n"
+CLEAN = "import torch.nn.functional as F\nloss = F.cross_entropy(logits, y)\n"
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """Run from a throwaway project folder, so paths print relative and no pyproject leaks."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def script(folder, text: str, name: str = "train.py") -> str:
+    (folder / name).write_text(text, encoding="utf-8")
+    return name
+
+
+def lint(*args: str):
+    return runner.invoke(app, ["lint", *args])
+
+
+def test_clean_exits_0(here):
+    result = lint(script(here, CLEAN))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "No problems in 1 file checked.\n"
+
+
+def test_findings_exit_1_with_location_code_and_fix(here):
+    result = lint(script(here, ERROR))
+    assert result.exit_code == 1
+    assert "train.py:3:8: error[log-of-softmax]" in result.stdout
+    assert "  3 | loss = torch.log(p)" in result.stdout
+    assert "= fix: Use `F.cross_entropy(logits, target)`" in result.stdout
+
+
+def test_fail_on_sets_the_threshold(here):
+    path = script(here, WARNING)
+    assert lint(path).exit_code == 1, "warning fails by default"
+    assert lint(path, "--fail-on", "error").exit_code == 0
+    assert lint(script(here, ERROR, "e.py"), "--fail-on", "error").exit_code == 1
+
+
+def test_usage_errors_exit_2_in_one_line(here):
+    missing = lint("nope.py")
+    assert missing.exit_code == 2
+    assert missing.stderr == "error: nope.py: no such file or folder\n"
+    assert "Traceback" not in missing.output
+    unknown = lint(script(here, ERROR), "--select", "log-softmax")
+    assert unknown.exit_code == 2
+    assert "unknown check id 'log-softmax'" in unknown.stderr
+    assert "hint: did you mean 'log-of-softmax'?" in unknown.stderr
+    assert lint(script(here, ERROR), "--fail-on", "fatal").exit_code == 2
+    assert lint().exit_code == 2
+
+
+def test_two_reports_on_stdout_is_a_usage_error(here):
+    result = lint(script(here, ERROR), "--json", "-", "--sarif", "-")
+    assert result.exit_code == 2
+    assert "only one report can be written to stdout" in result.stderr
+
+
+def test_json_to_stdout_moves_the_listing_to_stderr(here):
+    result = lint(script(here, ERROR), "--json", "-")
+    assert result.exit_code == 1
+    document = json.loads(result.stdout)
+    assert [f["id"] for f in document["findings"]] == ["log-of-softmax"]
+    assert "error[log-of-softmax]" in result.stderr
+
+
+def test_sarif_file_is_written(here):
+    result = lint(script(here, ERROR), "--sarif", "out.sarif", "--quiet")
+    assert result.exit_code == 1
+    document = json.loads((here / "out.sarif").read_text(encoding="utf-8"))
+    (found,) = document["runs"][0]["results"]
+    assert found["ruleId"] == "log-of-softmax"
+    assert found["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "train.py"
+
+
+def test_a_report_into_a_missing_folder_fails_before_linting(here):
+    result = lint(script(here, ERROR), "--json", "no/such/folder/out.json")
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+
+
+def found_ids(*args: str) -> set[str]:
+    return {f["id"] for f in json.loads(lint(*args, "--json", "-").stdout)["findings"]}
+
+
+def test_select_and_ignore(here):
+    both = script(here, ERROR + "m = Net().half()\ny = x / (n + 1e-8)\ny.backward()\n")
+
+    def found(*opts: str) -> set[str]:
+        return found_ids(both, *opts)
+
+    assert found() == {"log-of-softmax", "eps-underflow"}
+    assert found("--select", "eps-underflow") == {"eps-underflow"}
+    assert found("--ignore", "eps-underflow,log-of-softmax") == set()
+    assert found("--ignore", "eps-underflow", "--ignore", "log-of-softmax") == set()
+
+
+def test_suppression_comments(here):
+    path = script(
+        here, ERROR.replace("torch.log(p)", "torch.log(p)  # nandoctor: ignore[log-of-softmax]")
+    )
+    result = lint(path)
+    assert result.exit_code == 0
+    assert result.stdout == "No problems in 1 file checked; 1 suppressed.\n"
+
+
+def test_pyproject_defaults_and_command_line_overrides(here):
+    (here / "pyproject.toml").write_text(
+        '[tool.nandoctor.lint]\nfail-on = "error"\nignore = ["division-by-zero"]\n',
+        encoding="utf-8",
+    )
+    path = script(here, WARNING)
+    assert lint(path).exit_code == 0, "fail-on = error from pyproject.toml"
+    assert lint(path, "--fail-on", "warning").exit_code == 1, "the flag wins"
+
+
+def test_a_bad_pyproject_is_a_one_line_config_error(here):
+    (here / "pyproject.toml").write_text(
+        '[tool.nandoctor.lint]\nselcet = ["x"]\n', encoding="utf-8"
+    )
+    result = lint(script(here, ERROR))
+    assert result.exit_code == 2
+    assert "unknown key 'selcet'" in result.stderr and "did you mean 'select'?" in result.stderr
+
+
+def test_a_file_that_does_not_parse_is_reported_and_fails(here):
+    script(here, ERROR)
+    script(here, "import torch\ndef f(:\n", "broken.py")
+    result = lint(".")
+    assert result.exit_code == 1
+    assert "broken.py:2:7: error[not-linted] invalid syntax" in result.stdout
+    assert "train.py:3:8: error[log-of-softmax]" in result.stdout

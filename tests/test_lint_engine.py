@@ -1,0 +1,152 @@
+"""`lint_paths`: which files are read, what happens to broken ones, suppressions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nandoctor.errors import UsageError
+from nandoctor.lint import LintConfig, LintResult, Severity, lint_paths, lint_text
+from nandoctor.lint import registry as registry_module
+from nandoctor.lint.registry import all_checks
+from nandoctor.lint.suppress import parse_suppressions
+
+BAD = "import torch\np = torch.softmax(x, -1)\nloss = torch.log(p)\n"
+
+
+def write(folder, relative: str, text: str = BAD):
+    path = folder / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_folders_are_searched_recursively_skipping_other_peoples_code(tmp_path):
+    for relative in ("train.py", "pkg/model.py", "pkg/sub/loss.py"):
+        write(tmp_path, relative)
+    for skipped in (
+        ".venv/x.py",
+        "venv/x.py",
+        ".git/x.py",
+        "node_modules/x.py",
+        "pkg/__pycache__/x.py",
+        "lib/site-packages/x.py",
+        "notes.txt",
+    ):
+        write(tmp_path, skipped)
+    result = lint_paths([tmp_path])
+    assert result.files_checked == 3
+    assert {f.path.rsplit("/", 1)[-1] for f in result.findings} == {
+        "train.py",
+        "model.py",
+        "loss.py",
+    }
+
+
+def test_a_file_named_explicitly_is_read_whatever_its_suffix(tmp_path):
+    script = write(tmp_path, "train", BAD)
+    assert [f.id for f in lint_paths([script]).findings] == ["log-of-softmax"]
+
+
+def test_each_file_is_read_once(tmp_path):
+    script = write(tmp_path, "train.py")
+    assert lint_paths([script, tmp_path, script]).files_checked == 1
+
+
+def test_excluded_globs_are_relative_to_the_config(tmp_path):
+    write(tmp_path, "train.py")
+    write(tmp_path, "old/train.py")
+    config = LintConfig(exclude=("old/*",), root=tmp_path)
+    assert lint_paths([tmp_path], config).files_checked == 1
+
+
+def test_a_missing_path_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="no such file or folder"):
+        lint_paths([tmp_path / "nope.py"])
+
+
+def test_a_syntax_error_is_reported_with_its_line(tmp_path):
+    broken = write(tmp_path, "broken.py", "import torch\ndef f(:\n    pass\n")
+    write(tmp_path, "train.py")
+    result = lint_paths([tmp_path])
+    (skipped,) = result.skipped
+    assert skipped.path.endswith("broken.py")
+    assert skipped.line == 2 and "invalid syntax" in skipped.reason
+    assert [f.id for f in result.findings] == ["log-of-softmax"], "the other file is still linted"
+    assert result.fails(Severity.ERROR)
+    assert broken.exists()
+
+
+def test_undecodable_bytes_are_reported(tmp_path):
+    path = tmp_path / "latin.py"
+    path.write_bytes(b"import torch\nname = '\xe9'\n")
+    (skipped,) = lint_paths([path]).skipped
+    assert "cannot read" in skipped.reason
+
+
+def test_a_coding_cookie_is_honoured(tmp_path):
+    path = tmp_path / "latin.py"
+    path.write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\nname = '\xe9'\n")
+    assert lint_paths([path]).skipped == ()
+
+
+def test_files_that_never_import_torch_are_not_checked():
+    assert lint_text("p = softmax(x)\ny = log(p)\nz = x.softmax(-1).log()\n").findings == ()
+
+
+def test_suppression_by_id_and_for_all():
+    text = BAD.replace("torch.log(p)", "torch.log(p)  # nandoctor: ignore[log-of-softmax]")
+    outcome = lint_text(text)
+    assert outcome.findings == () and outcome.suppressed == 1
+    other = BAD.replace("torch.log(p)", "torch.log(p)  # nandoctor: ignore[eps-underflow]")
+    assert len(lint_text(other).findings) == 1
+    everything = BAD.replace("torch.log(p)", "torch.log(p)  # NANDOCTOR: ignore")
+    assert lint_text(everything).findings == ()
+
+
+def test_suppression_comments_are_parsed_from_comments_only():
+    parsed = parse_suppressions(
+        "a = 1  # nandoctor: ignore[x, y]\nb = '# nandoctor: ignore'\n# nandoctor: ignore\n"
+    )
+    assert parsed.by_line == {1: frozenset({"x", "y"}), 3: None}
+    assert parsed.covers("x", 1, 1) and not parsed.covers("z", 1, 2) and parsed.covers("z", 2, 3)
+
+
+def test_select_ignore_and_severity_overrides():
+    text = BAD + "y = x / (n + 1e-8)\nm = Net().half()\ny.backward()\n"
+    assert {f.id for f in lint_text(text).findings} == {"log-of-softmax", "eps-underflow"}
+    only = LintConfig(select=frozenset({"eps-underflow"}))
+    assert {f.id for f in lint_text(text, config=only).findings} == {"eps-underflow"}
+    skip = LintConfig(ignore=frozenset({"eps-underflow"}))
+    assert {f.id for f in lint_text(text, config=skip).findings} == {"log-of-softmax"}
+    softer = LintConfig(severity={"log-of-softmax": Severity.INFO})
+    severities = {f.id: f.severity for f in lint_text(text, config=softer).findings}
+    assert severities["log-of-softmax"] is Severity.INFO
+
+
+def test_fail_on_compares_severities():
+    outcome = lint_text(BAD.replace("torch.log(p)", "torch.log(p + 1e-8)"))
+    (finding,) = outcome.findings
+    assert finding.severity is Severity.WARNING
+    result = LintResult(outcome.findings, (), files_checked=1, suppressed=0)
+    assert result.fails(Severity.INFO) and result.fails(Severity.WARNING)
+    assert not result.fails(Severity.ERROR)
+    assert result.counts() == {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 0}
+
+
+def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
+    def broken(src):
+        raise RuntimeError("boom")
+
+    unit = all_checks()["eps-underflow"]
+    monkeypatch.setitem(registry_module.CHECKS, "eps-underflow", replace(unit, run=broken))
+    outcome = lint_text(BAD)
+    assert [f.id for f in outcome.findings] == ["log-of-softmax"]
+    (skipped,) = outcome.skipped
+    assert "check eps-underflow failed (RuntimeError: boom)" in skipped.reason
+
+
+def test_deeply_nested_arithmetic_stays_fast():
+    text = "import torch\ny = " + " + ".join(["(a * 2 - 1e-8) / (b + 1)"] * 400) + "\n"
+    assert lint_text(text).skipped == ()
