@@ -131,7 +131,9 @@ class DistributedConfig(_Section):
     """Data-parallel runs: `nandoctor diagnose` relaunches itself on this many processes."""
 
     nproc_per_node: Count = Field(1, description="processes on this node (1: no launch)")
-    backend: Literal["gloo", "nccl"] | None = Field(None, description="default: nccl on CUDA, gloo on CPU")
+    backend: Literal["gloo", "nccl"] | None = Field(
+        None, description="default: nccl on CUDA, gloo on CPU"
+    )
     strategy: Literal["ddp"] = Field("ddp", description="DistributedDataParallel")
     timeout_s: Number = Field(300.0, description="a rank that hangs this long ends the job")
 
