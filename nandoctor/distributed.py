@@ -93,9 +93,14 @@ class Ranks:
                 data.dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle
             )
             return loader(
-                data.dataset, batch_size=data.batch_size, sampler=sampler, num_workers=data.num_workers,
-                collate_fn=data.collate_fn, pin_memory=data.pin_memory, drop_last=data.drop_last,
-            )  # fmt: skip
+                data.dataset,
+                batch_size=data.batch_size,
+                sampler=sampler,
+                num_workers=data.num_workers,
+                collate_fn=data.collate_fn,
+                pin_memory=data.pin_memory,
+                drop_last=data.drop_last,
+            )
         return _EveryNth(data, self.rank, self.world_size)
 
 

@@ -24,9 +24,9 @@ from nandoctor.config import Config, FactorySpec
 from nandoctor.configfile import LoadedConfig
 from nandoctor.data import BatchStream
 from nandoctor.devices import check_dtype_supported, resolve_device
+from nandoctor.distributed import Ranks
 from nandoctor.dtypes import torch_dtype
 from nandoctor.entrypoints import add_python_path, resolve
-from nandoctor.distributed import Ranks
 from nandoctor.errors import ConfigError, user_code
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -81,9 +81,8 @@ def build_session(loaded: LoadedConfig) -> Session:
     start = state.step if state is not None else 0
     stream = BatchStream(_data_source(config, base, ranks), config.seed, start)
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
-    session = Session(
-        config, loaded.path, model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start
-    )  # fmt: skip
+    parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
+    session = Session(config, loaded.path, *parts)
     if ranks is not None:
         session.ranks, session.train_model = ranks, ranks.wrap(model)
     return session
