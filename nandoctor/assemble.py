@@ -14,8 +14,10 @@ from nandoctor.devices import CPU_AUTOCAST_NOTE
 from nandoctor.diagnosis.evidence import Evidence
 from nandoctor.localize import Localization
 from nandoctor.probes.base import Phase
+from nandoctor.probes.sentinel import Verdict
+from nandoctor.probes.tracer import Finding
 from nandoctor.replay import RunResult
-from nandoctor.report import Environment, FirstNonfinite, Report, Tool
+from nandoctor.report import Environment, FirstNonfinite, RankReport, Report, Tool
 from nandoctor.session import Session
 
 MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
@@ -70,6 +72,10 @@ def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNon
     found = located.finding if located is not None else None
     if found is None:
         return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=False)
+    return _first_of(failure, found)
+
+
+def _first_of(failure: Verdict, found: Finding) -> FirstNonfinite:
     return FirstNonfinite(
         step=failure.step,
         phase=found.phase.value,
@@ -122,7 +128,7 @@ def summarize(result: RunResult, located: Localization | None = None) -> str:
     if result.failure is None:
         return f"all {result.steps_run} steps stayed finite"
     f = result.failure
-    head = f"step {f.step}, phase {f.phase.value if f.phase else '?'}"
+    head = f"step {f.step}, phase {f.phase.value if f.phase else '?'}" + _ranks_clause(f)
     found = located.finding if located is not None else None
     if found is None:
         return f"{head}: {f.why}"
@@ -143,3 +149,28 @@ def _origin_sentence(found) -> str:
         parts.append(f"at {found.source}")
     what = f"{found.value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
     return " ".join(parts) + f" produced {what}"
+
+
+def rank_reports(
+    world_size: int, failure: Verdict | None, located: list | None
+) -> list[RankReport]:
+    """Per rank: where the non-finite value was born (origin), or got in (inherited)."""
+    origin = set(failure.reading.origin_ranks) if failure else set()
+    inherited = set(failure.reading.inherited_ranks) if failure else set()
+    out = []
+    for rank in range(world_size):
+        status = "origin" if rank in origin else ("inherited" if rank in inherited else "clean")
+        found = located[rank].finding if located is not None else None
+        first = _first_of(failure, found) if found is not None and failure is not None else None
+        out.append(RankReport(rank, status, first))
+    return out
+
+
+def _ranks_clause(failure: Verdict) -> str:
+    origin, inherited = failure.reading.origin_ranks, failure.reading.inherited_ranks
+    if not origin:
+        return ""
+    clause = f", born on rank {', '.join(map(str, origin))}"
+    if inherited:
+        clause += f" (rank {', '.join(map(str, inherited))} inherited it through the all-reduce)"
+    return clause

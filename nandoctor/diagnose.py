@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from nandoctor import whatif
-from nandoctor.assemble import build_report
+from nandoctor.assemble import build_report, rank_reports
 from nandoctor.baseline import Baseline
 from nandoctor.configfile import LoadedConfig
 from nandoctor.diagnosis.case import Case, RunFacts
 from nandoctor.diagnosis.evidence import Evidence
 from nandoctor.diagnosis.rules import rank
 from nandoctor.diagnosis.trends import trends_of
+from nandoctor.errors import UsageError
 from nandoctor.gate import Gate, Tolerances, compare_to_baseline, headroom_check
 from nandoctor.health import health_of
 from nandoctor.localize import localize
@@ -57,6 +58,8 @@ def diagnose(
 ) -> Report:
     options = options or DiagnoseOptions()
     session = build_session(loaded)
+    if session.ranks is not None and options.time_budget:
+        raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
     if on_session is not None:
         on_session(session)
     store = SnapshotStore(session, every=loaded.config.snapshot.steps)
@@ -70,13 +73,18 @@ def diagnose(
         probe=headroom,
         deadline=deadline,
     )
-    located = None
+    located, per_rank = None, None
     failure = result.failure
     if failure is not None and failure.step is not None:
         collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
         scale = failure.reading.scale if collapsed else None
         located = localize(session, store, failure.step, loss_scale=scale)
+        if session.ranks is not None:  # every rank replayed in lockstep; gather their findings
+            per_rank = session.ranks.gather_objects(located)
+            located = per_rank[min(failure.reading.origin_ranks, default=0)]
     report = build_report("diagnose", loaded, session, result, located)
+    if session.ranks is not None:
+        report.ranks = rank_reports(session.ranks.world_size, failure, per_rank)
     if headroom is not None:
         report.health = health_of(result.telemetry, result.events, headroom.peaks())
         report.gate = _gate(report, options)
@@ -98,6 +106,11 @@ def _diagnose_failure(
 ) -> None:
     case = case_of(report, run_facts(session, result))
     report.causes = rank(case)
+    if session.ranks is not None and options.verify:
+        report.notes.append(
+            "fixes are not replayed in a distributed run; rerun on one process to verify"
+        )
+        return
     if not options.verify:
         return
     started = time.perf_counter()

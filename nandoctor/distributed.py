@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import itertools
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -104,7 +105,8 @@ class Ranks:
         return _EveryNth(data, self.rank, self.world_size)
 
 
-def _check_then_allreduce(state: Ranks, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+def _check_then_allreduce(state, bucket):
+    # NB: no annotations: DDP compares them with dist.GradBucket, and ours are strings
     state.note_local_gradients(bucket.buffer())
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -154,6 +156,10 @@ def launch(argv: list[str], nproc_per_node: int) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    # NB: a rank that found a NaN exits 1 on purpose; the launcher need not log it as an error
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, torch.get_num_threads() // nproc_per_node)))
+
     args = get_args_parser().parse_args(
         [
             "--standalone",
@@ -172,11 +178,12 @@ def launch(argv: list[str], nproc_per_node: int) -> int:
 
 
 def _exit_code(codes: dict[int, int]) -> int:
-    """The most telling of the ranks' exit codes: a crash over a usage error over a NaN."""
+    """The most telling of the ranks' exit codes: a crash over a usage error over rank 0's
+    verdict (the other ranks exit 0 once done, or are stopped when rank 0 is done first)."""
     for wanted in (3, 2, 130):
         if wanted in codes.values():
             return wanted
-    if all(c == 1 for c in codes.values()):
+    if codes.get(0) == 1:
         return 1
     return 3  # killed by a signal, or an exit code nandoctor does not use
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sysconfig
 import traceback
 from collections.abc import Iterator
@@ -108,4 +109,26 @@ def user_code(where: str) -> Iterator[None]:
     except NandoctorError:
         raise
     except Exception as e:
+        if _peer_failed(e):
+            rank = os.environ.get("RANK", "?")
+            raise PeerFailure(
+                f"rank {rank}: another rank failed or hung during {where}",
+                hint="that rank's own error is printed above",
+            ) from e
         raise UserCodeError(where, e) from e
+
+
+class PeerFailure(NandoctorError):
+    """In a data-parallel run, a collective failed because another rank died (exit 3)."""
+
+    exit_code = ExitCode.USER_CODE
+
+
+def _peer_failed(error: BaseException) -> bool:
+    if "RANK" not in os.environ:  # not a worker of a data-parallel job
+        return False
+    name = type(error).__name__
+    text = str(error)
+    return name in ("DistError", "DistBackendError", "DistNetworkError") or any(
+        s in text for s in ("Connection closed by peer", "remote worker crashing", "Timed out")
+    )

@@ -66,6 +66,15 @@ class FirstNonfinite:
 
 
 @dataclass(frozen=True)
+class RankReport:
+    """One rank of a data-parallel run."""
+
+    rank: int
+    status: str  # origin: went non-finite on its own | inherited: through the all-reduce | clean
+    first_nonfinite: FirstNonfinite | None = None  # what this rank's replay saw first
+
+
+@dataclass(frozen=True)
 class Cause:
     id: str
     title: str
@@ -91,6 +100,7 @@ class Report:
     evidence: Evidence | None = None  # what the instrumented replay of the bad step saw
     health: Health | None = None  # numeric health, when a gate or baseline asked for it
     gate: Gate | None = None  # the baseline comparison, with --baseline
+    ranks: list[RankReport] | None = None  # data-parallel runs: one entry per rank
     timing: dict[str, float] = field(default_factory=dict)  # seconds; excluded from equality
     name: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -118,7 +128,7 @@ class Report:
 _ORDER = (
     "schema_version", "tool", "command", "name", "config", "environment", "status",
     "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "evidence",
-    "health", "gate", "notes", "timing",
+    "health", "gate", "ranks", "notes", "timing",
 )  # fmt: skip
 
 

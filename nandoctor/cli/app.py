@@ -7,10 +7,12 @@ a `UserCodeError` adds the user's frames; `--debug` re-raises to show everything
 from __future__ import annotations
 
 import functools
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch.distributed
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -49,6 +51,14 @@ def handles_errors(command: F) -> F:
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+        except torch.distributed.DistError as e:  # a peer rank died or hung
+            if kwargs.get("debug"):
+                raise
+            rank = os.environ.get("RANK", "?")
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            stderr_console().print(f"[bold red]error:[/] rank {rank}: {escape(first)}")
+            stderr_console().print("[cyan]hint:[/] another rank crashed or hung; see its output")
+            raise typer.Exit(int(ExitCode.USER_CODE)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -59,7 +69,12 @@ def print_error(error: NandoctorError) -> None:
         console.print("Traceback of your code (most recent call last):", style="dim")
         for line in traceback.format_list(error.user_frames()):
             console.print(escape(line.rstrip("\n")), style="dim")
-    console.print(f"[bold red]error:[/] {escape(error.message)}")
+    rank = (
+        f"rank {os.environ['RANK']}: "
+        if "RANK" in os.environ and not error.message.startswith("rank ")
+        else ""
+    )
+    console.print(f"[bold red]error:[/] {rank}{escape(error.message)}")
     if error.hint:
         console.print(f"[cyan]hint:[/] {escape(error.hint)}")
 

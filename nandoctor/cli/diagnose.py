@@ -3,12 +3,14 @@ with `--baseline`, gate the run's numeric health against a recorded healthy run.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
 from nandoctor import diagnose as engine
+from nandoctor import distributed
 from nandoctor.baseline import read_baseline
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
@@ -51,6 +53,9 @@ def diagnose(
     max_gradient_growth: float = typer.Option(DEFAULTS.max_gradient_growth, min=1),
     skip_streak_margin: int = typer.Option(DEFAULTS.skip_streak_margin, min=0),
     max_loss_increase: float = typer.Option(DEFAULTS.max_loss_increase, min=0),
+    nproc_per_node: int | None = typer.Option(
+        None, "--nproc-per-node", min=1, help="Data-parallel processes (torchrun's launcher)."
+    ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
 ) -> None:
@@ -58,6 +63,11 @@ def diagnose(
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
+    if nproc > 1 and not distributed.under_launcher():
+        raise typer.Exit(distributed.launch(sys.argv[1:], nproc))
+    if distributed.current_rank() != 0:  # rank 0 speaks for the job
+        quiet, outputs = True, {}
     tolerances = Tolerances(
         max_headroom,
         max_activation_growth,
@@ -76,6 +86,8 @@ def diagnose(
     )
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
     report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
+    if distributed.current_rank() != 0:
+        raise typer.Exit(0)
     render_report(console, report, quiet=quiet)
     write_reports(report, outputs)
     raise typer.Exit(int(exit_code(report)))

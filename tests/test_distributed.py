@@ -1,0 +1,88 @@
+"""Data-parallel runs on the CPU with gloo, two processes launched through torchrun's code:
+the report names the step, the phase and the rank where the NaN was born."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from nandoctor.distributed import _exit_code
+
+TRAIN = """
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def build_data(rank, world_size, nan_rank=None, nan_step=None, raise_rank=None, raise_step=None):
+    # the documented sharding hook: this rank's own batches
+    g = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for i in range(8):
+        if raise_rank == rank and raise_step == i:
+            raise RuntimeError(f"rank {rank} could not read batch {i}")
+        x = torch.randn(4, 8, generator=g)
+        if nan_rank == rank and nan_step == i:
+            x[0, 0] = float("nan")
+        out.append((x, torch.randint(0, 3, (4,), generator=g)))
+    return out
+"""
+
+
+def run_two_ranks(tmp_path, data_args: dict):
+    (tmp_path / "train.py").write_text(TRAIN)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "model: train.py:build_model\ndata: train.py:build_data\n"
+        f"data_args: {json.dumps(data_args)}\n"
+        "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 10\ndevice: cpu\n"
+    )
+    out = tmp_path / "report.json"
+    command = [sys.executable, "-m", "nandoctor", "diagnose", str(config), "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*command, "--json", str(out), "-q"], capture_output=True, text=True, timeout=120
+    )
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+@pytest.mark.slow
+def test_a_nan_born_on_rank_1_is_named_and_rank_0_inherited_it(tmp_path):
+    proc, report = run_two_ranks(tmp_path, {"nan_rank": 1, "nan_step": 5})
+    assert proc.returncode == 1, proc.stderr
+    first = report["first_nonfinite"]
+    assert (first["step"], first["phase"], first["tensor"]) == (5, "input", "input:0")
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert ranks[1]["status"] == "origin" and ranks[1]["first_nonfinite"]["phase"] == "input"
+    assert ranks[0]["status"] == "inherited" and ranks[0]["first_nonfinite"]["phase"] == "backward"
+    assert "born on rank 1 (rank 0 inherited it through the all-reduce)" in report["summary"]
+    assert report["causes"][0]["id"] == "nonfinite-input"
+
+
+@pytest.mark.slow
+def test_a_healthy_two_rank_run(tmp_path):
+    proc, report = run_two_ranks(tmp_path, {})
+    assert proc.returncode == 0, proc.stderr
+    assert report["status"] == "healthy" and report["steps_completed"] == 10
+    assert [r["status"] for r in report["ranks"]] == ["clean", "clean"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_ends_the_job_with_exit_3_and_its_error(tmp_path):
+    proc, report = run_two_ranks(tmp_path, {"raise_rank": 1, "raise_step": 3})
+    assert proc.returncode == 3
+    assert "rank 1: data raised RuntimeError: rank 1 could not read batch 3" in proc.stderr
+    assert report is None  # no half-written report
+
+
+def test_exit_codes_of_the_ranks_combine():
+    assert _exit_code({0: 1}) == 1  # rank 0 found a NaN
+    assert _exit_code({0: 1, 1: -15}) == 1  # the others stopped once rank 0 was done
+    assert _exit_code({1: 3, 0: -15}) == 3  # a rank crashed
+    assert _exit_code({0: 2}) == 2
+    assert _exit_code({1: -9}) == 3  # killed
