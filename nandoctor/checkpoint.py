@@ -8,6 +8,7 @@ Two forms are accepted: a model `state_dict`, or `{"model": ..., "optimizer": ..
 from __future__ import annotations
 
 import pickle
+import re
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,17 +34,28 @@ def load(path: Path) -> CheckpointState:
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise ConfigError(
-            f"checkpoint: {path} holds more than tensors (pickled code or objects), which "
-            f"torch.load(weights_only=True) refuses: {str(e).splitlines()[0]}",
-            hint="re-save it with torch.save(model.state_dict(), path)",
-        ) from None
+        raise _refused(path, e) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(
             f"checkpoint: {path} is not a readable torch checkpoint: {first}"
         ) from None
     return _interpret(path, raw)
+
+
+_UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _refused(path: Path, error: pickle.UnpicklingError) -> ConfigError:
+    """weights_only refused the file: pickled code in it, or not a checkpoint at all."""
+    unsafe = _UNSAFE_GLOBAL.search(str(error))
+    if unsafe is None:
+        return ConfigError(f"checkpoint: {path} is not a readable torch checkpoint")
+    return ConfigError(
+        f"checkpoint: {path} holds pickled code or objects ({unsafe.group(1)}), which "
+        "torch.load(weights_only=True) refuses to run",
+        hint="re-save it as tensors only: torch.save({'model': model.state_dict()}, path)",
+    )
 
 
 def _interpret(path: Path, raw: Any) -> CheckpointState:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,7 @@ from nandoctor.health import health_of
 from nandoctor.localize import localize
 from nandoctor.probes.base import Phase
 from nandoctor.probes.headroom import HeadroomProbe
+from nandoctor.probes.sentinel import Verdict
 from nandoctor.replay import RunResult, StepCallback, fast_run
 from nandoctor.report import Report
 from nandoctor.session import Session, build_session
@@ -73,16 +75,18 @@ def diagnose(
         probe=headroom,
         deadline=deadline,
     )
-    located, per_rank = None, None
+    located, per_rank, interrupted = None, None, False
     failure = result.failure
     if failure is not None and failure.step is not None:
-        collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
-        scale = failure.reading.scale if collapsed else None
-        located = localize(session, store, failure.step, loss_scale=scale)
-        if session.ranks is not None:  # every rank replayed in lockstep; gather their findings
-            per_rank = session.ranks.gather_objects(located)
-            located = per_rank[min(failure.reading.origin_ranks, default=0)]
+        try:
+            located, per_rank = _localize(session, store, failure)
+        except KeyboardInterrupt:
+            interrupted = True
     report = build_report("diagnose", loaded, session, result, located)
+    if interrupted:
+        report.status = "interrupted"
+        report.notes.append("interrupted during the instrumented replay: where and why are unknown")
+        return report
     if session.ranks is not None:
         report.ranks = rank_reports(session.ranks.world_size, failure, per_rank)
     if headroom is not None:
@@ -91,6 +95,17 @@ def diagnose(
     if report.first_nonfinite is not None:
         _diagnose_failure(report, loaded, session, result, options)
     return report
+
+
+def _localize(session: Session, store: SnapshotStore, failure: Verdict) -> tuple[Any, Any]:
+    """Replay the bad step (on every rank in lockstep); the origin rank's finding first."""
+    collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
+    scale = failure.reading.scale if collapsed else None
+    located = localize(session, store, failure.step, loss_scale=scale)
+    if session.ranks is None:
+        return located, None
+    per_rank = session.ranks.gather_objects(located)
+    return per_rank[min(failure.reading.origin_ranks, default=0)], per_rank
 
 
 def _measures(options: DiagnoseOptions) -> bool:

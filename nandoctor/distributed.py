@@ -180,11 +180,13 @@ def launch(argv: list[str], nproc_per_node: int) -> int:
 def _exit_code(codes: dict[int, int]) -> int:
     """The most telling of the ranks' exit codes: a crash over a usage error over rank 0's
     verdict (the other ranks exit 0 once done, or are stopped when rank 0 is done first)."""
-    for wanted in (3, 2, 130):
+    for wanted in (3, 2):
         if wanted in codes.values():
             return wanted
-    if codes.get(0) == 1:
-        return 1
+    if codes.get(0) in (1, 130):  # rank 0 found a NaN, or was interrupted
+        return codes[0]
+    if 130 in codes.values():
+        return 130
     return 3  # killed by a signal, or an exit code nandoctor does not use
 
 

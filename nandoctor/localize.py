@@ -49,7 +49,16 @@ def localize(
     started = time.perf_counter()
     here = store.capture_now(-1)
     try:
-        return _replay(session, store, step, started, loss_scale)
+        try:
+            return _replay(session, store, step, started, loss_scale)
+        except MEMORY_ERRORS:
+            here.restore(session)
+            _free_memory(session)
+            located = _replay(session, store, step, started, loss_scale, light=True)
+            located.note = "out of memory in the full trace: replayed with a lighter one (no provenance, module magnitudes or float32 rerun)"  # noqa: E501
+            return located
+    except MEMORY_ERRORS:
+        return Localization(step, None, note="out of memory even in the lighter trace")
     except LookupError as e:
         return Localization(step, None, note=f"could not rewind: {e}")
     except UserCodeError as e:
@@ -58,8 +67,22 @@ def localize(
         here.restore(session)
 
 
+# NB: torch.OutOfMemoryError is torch >= 2.5's name; torch.cuda's is the older alias
+MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
+
+
+def _free_memory(session: Session) -> None:
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _replay(
-    session: Session, store: SnapshotStore, step: int, started: float, loss_scale: float | None
+    session: Session,
+    store: SnapshotStore,
+    step: int,
+    started: float,
+    loss_scale: float | None,
+    light: bool = False,
 ) -> Localization:
     batches = _rewind(store, step)
     update = None
@@ -72,7 +95,7 @@ def _replay(
     if loss_scale is not None and session.scaler is not None:
         amp.set_scale(session.scaler, loss_scale, session.device)
         note = f"replayed at loss scale {loss_scale:g}, where the streak of skips ended"
-    tracer = Tracer(session.model, session.optimizer)
+    tracer = Tracer(session.model, session.optimizer, light=light)
     with tracer:
         run_step(session, step, batches[-1][1], tracer)
     finding = tracer.finding

@@ -32,7 +32,7 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
         ctx.batch = to_device(batch, session.device)
     session.optimizer.zero_grad(set_to_none=True)
     with _phase(ctx, probe, Phase.LOSS), _forward_phases(ctx, probe), session.autocast():
-        with user_code("loss"):
+        with user_code(f"loss (step {step})"):
             loss = session.loss_fn(session.train_model, ctx.batch)
         ctx.loss = _checked_loss(loss)
     with _phase(ctx, probe, Phase.BACKWARD):
@@ -47,7 +47,7 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
 def _backward(session: Session, ctx: StepContext) -> None:
     assert ctx.loss is not None
     scaler = session.scaler
-    with user_code("backward"):
+    with user_code(f"backward (step {ctx.step})"):
         (scaler.scale(ctx.loss) if scaler else ctx.loss).backward()
     if scaler is not None:
         scaler.unscale_(session.optimizer)

@@ -121,3 +121,21 @@ def test_no_colour_codes_when_stdout_is_not_a_terminal():
     )
     assert out.returncode == 0, out.stderr
     assert "HEALTHY" in out.stdout and "\x1b[" not in out.stdout + out.stderr
+
+
+def test_sigterm_stops_the_run_writes_a_partial_report_and_exits_130(project, tmp_path):
+    import signal
+    import time
+
+    path = project(base_config(steps=10_000_000))
+    out = tmp_path / "report.json"
+    command = [sys.executable, "-m", "nandoctor", "diagnose", str(path), "--json", str(out), "-q"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # importing torch, building, a few thousand steps
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == 130, proc.stderr.read()
+    assert time.perf_counter() - sent < 5
+    report = json.loads(out.read_text())
+    assert report["status"] == "interrupted" and report["steps_completed"] > 0

@@ -86,3 +86,4 @@ def test_exit_codes_of_the_ranks_combine():
     assert _exit_code({1: 3, 0: -15}) == 3  # a rank crashed
     assert _exit_code({0: 2}) == 2
     assert _exit_code({1: -9}) == 3  # killed
+    assert _exit_code({0: 1, 1: 130}) == 1  # rank 1 was stopped by SIGTERM after rank 0's verdict

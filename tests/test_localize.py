@@ -224,3 +224,31 @@ def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
         assert not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks)
     assert torch.utils._python_dispatch._get_current_dispatch_mode() is None
     assert not torch.overrides._get_current_function_mode_stack()
+
+
+def test_running_out_of_memory_in_the_full_trace_falls_back_to_a_lighter_one(project, monkeypatch):
+    import nandoctor.localize as localize_module
+    from nandoctor.probes.tracer import Tracer
+
+    class Hungry(Tracer):
+        def __enter__(self):
+            if not self.light:
+                raise MemoryError("the full trace does not fit")
+            return super().__enter__()
+
+    monkeypatch.setattr(localize_module, "Tracer", Hungry)
+    report = report_of(project, data_args={"nan_at": 2})
+    assert report.first_nonfinite.reproduced and report.first_nonfinite.tensor == "input:0"
+    assert any("lighter one" in note for note in report.notes)
+
+
+def test_an_interrupt_during_the_replay_still_gives_a_report(project, monkeypatch):
+    import nandoctor.diagnose as diagnose_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diagnose_module, "localize", interrupted)
+    report = report_of(project, data_args={"nan_at": 2})
+    assert report.status == "interrupted" and report.first_nonfinite.step == 2
+    assert any("interrupted during the instrumented replay" in note for note in report.notes)

@@ -111,5 +111,5 @@ def test_loss_raising_is_the_users_error_and_phases_are_unwound(project, tmp_pat
     )
     with pytest.raises(UserCodeError) as info:
         one_step(project, loss="losses.py:broken")
-    assert info.value.where == "loss"
+    assert info.value.where == "loss (step 0)"
     assert any(f.filename.endswith("losses.py") for f in info.value.user_frames())

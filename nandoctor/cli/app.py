@@ -6,8 +6,10 @@ a `UserCodeError` adds the user's frames; `--debug` re-raises to show everything
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,7 +44,8 @@ def handles_errors(command: F) -> F:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with _sigterm_as_interrupt():
+                return command(*args, **kwargs)
         except NandoctorError as e:
             if kwargs.get("debug"):
                 raise
@@ -61,6 +64,24 @@ def handles_errors(command: F) -> F:
             raise typer.Exit(int(ExitCode.USER_CODE)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (a cancelled CI job, `kill`) stops us like Ctrl-C: a partial report, 130."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def print_error(error: NandoctorError) -> None:

@@ -21,9 +21,13 @@ from nandoctor.tensors import floating
 
 class ModuleTracker:
     def __init__(
-        self, model: torch.nn.Module, quiet: Callable[[], Any] = contextlib.nullcontext
+        self,
+        model: torch.nn.Module,
+        quiet: Callable[[], Any] = contextlib.nullcontext,
+        enabled: bool = True,  # False: track the current module only, measure nothing
     ) -> None:
         self.model = model
+        self.enabled = enabled
         self._quiet = quiet  # the tracer must not trace our own measurements
         self.stack: list[str] = []
         self._handles: list[Any] = []
@@ -60,6 +64,8 @@ class ModuleTracker:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             if self.stack and self.stack[-1] == name:
                 self.stack.pop()
+            if not self.enabled:
+                return
             with self._quiet():
                 for t in floating(output):
                     self._dtypes.setdefault(name, str(t.dtype).removeprefix("torch."))

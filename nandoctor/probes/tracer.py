@@ -69,9 +69,13 @@ class _NodeInfo:
 
 
 class Tracer(Probe):
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-        self.modules = ModuleTracker(model, quiet=self.quiet)
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, light: bool = False
+    ) -> None:
+        """`light`: no provenance, module magnitudes or float32 rerun (after running out of
+        memory); the origin op, module, tensor and line are still found."""
+        self.model, self.optimizer, self.light = model, optimizer, light
+        self.modules = ModuleTracker(model, quiet=self.quiet, enabled=not light)
         self.origin: Finding | None = None
         self.fallback: Finding | None = None
         self.ctx: StepContext | None = None
@@ -145,6 +149,8 @@ class Tracer(Probe):
         return phase, None, ops.user_source(), None
 
     def record_made(self, func: Any, args: tuple, kwargs: dict, out: list, where: tuple) -> None:
+        if self.light:
+            return
         phase, module, source, _ = where
         inputs = tuple((n, self._made.get(t)) for n, t in ops.named_tensors(func, args, kwargs))
         scalars = tuple(ops.scalars_text(func, args, kwargs))
@@ -179,8 +185,8 @@ class Tracer(Probe):
             output=finding.evidence.output,
             scalars=ops.scalars_text(func, args, kwargs),
             backward_of=f"{info.function} ({_node_name()})" if info else None,
-            producers=self._producers(func, args, kwargs),
-            recompute=ops.recompute_float32(func, args, kwargs, index),
+            producers=[] if self.light else self._producers(func, args, kwargs),
+            recompute=None if self.light else ops.recompute_float32(func, args, kwargs, index),
         )
         self._keep(replace(finding, evidence=evidence), created)
 
