@@ -96,9 +96,17 @@ def _data_source(config: Config, base: Path, ranks: Ranks | None) -> Callable[[]
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python, torch (every device) and numpy when the user's code has imported it."""
+    """Seed Python, torch (every device) and numpy when the user's code has imported it.
+
+    NB: on CUDA, cuDNN is also asked for deterministic kernels and no autotuning, so that
+    the replay of a bad step computes what the run computed; kernels that have no
+    deterministic version can still differ, and then the report says "not reproduced".
+    """
     random.seed(seed)
     torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed)

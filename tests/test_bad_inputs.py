@@ -1,0 +1,132 @@
+"""The bad-input matrix: every broken config, entrypoint, data, loss, checkpoint or path
+gets one clear message naming what is wrong and SPEC's exit code, never a traceback, and
+never a partial report file."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from nandoctor.cli import app
+from tests.conftest import TRAIN_PY
+
+runner = CliRunner()
+
+EXTRA = """
+import torch
+def a_float(model, batch):
+    return 3.0
+def per_sample(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+def strings():
+    return ["a", "b"]
+def wrong_width():
+    return [(torch.randn(4, 5), torch.randint(0, 3, (4,)))]
+def a_dict():
+    return {"a": 1}
+def no_params():
+    return torch.nn.ReLU()
+"""
+
+BASE = """\
+model: train.py:build_model
+data: train.py:build_data
+optimizer: {name: SGD, lr: 0.1}
+precision: {dtype: float32}
+steps: 3
+device: cpu
+"""
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    (tmp_path / "extra.py").write_text(textwrap.dedent(EXTRA))
+    (tmp_path / "corrupt.pt").write_bytes(b"these bytes are no checkpoint")
+    torch.save({"model": Evil()}, tmp_path / "evil.pt")
+    torch.save({"model": {"other.weight": torch.ones(1)}}, tmp_path / "wrong.pt")
+    return tmp_path
+
+
+CASES = [
+    # (name, config text, exit code, expected message fragment)
+    ("yaml does not parse", "model: [x\n", 2, ":2:1: the YAML does not parse:"),
+    ("a list", "- a\n- b\n", 2, "expected a mapping of keys"),
+    ("empty", "", 2, "the config is empty"),
+    ("wrong type", BASE + "seed: abc\n", 2, ":7: seed: expected a valid integer"),
+    ("unknown key", BASE + "optimiser: 1\n", 2, ":7: unknown key 'optimiser'; did you mean 'optimizer'?"),
+    ("zero steps", BASE.replace("steps: 3", "steps: 0"), 2, "steps: expected a value greater than 0"),
+    ("negative steps", BASE.replace("steps: 3", "steps: -2"), 2, "steps: expected a value greater than 0"),
+    ("unknown dtype", BASE.replace("float32", "float8"), 2, "precision.dtype: unknown dtype 'float8'"),
+    ("unknown optimizer", BASE.replace("SGD", "Adamw"), 2, "has no class 'Adamw'; did you mean 'AdamW'?"),
+    ("optimizer kwargs", BASE.replace("lr: 0.1", "lr: 0.1, bogus: 2"), 2, "unexpected keyword argument 'bogus'"),
+    ("optimizer value", BASE.replace("lr: 0.1", "lr: -1"), 2, "Invalid learning rate"),
+    ("missing file", BASE.replace("train.py:build_model", "nope.py:f"), 2, "model: 'nope.py:f': file not found"),
+    ("missing module", BASE.replace("train.py:build_model", "nopkg_xyz.m:f"), 2, "no module named 'nopkg_xyz'"),
+    ("missing attribute", BASE.replace("train.py:build_model", "train.py:nothing"), 2, "has no attribute 'nothing'"),
+    ("not callable", BASE.replace("train.py:build_model", "train.py:NOT_CALLABLE"), 2, "is a int, expected a callable"),
+    ("builder raises", BASE.replace("train.py:build_model", "train.py:raises"), 3, "raised RuntimeError: the user's builder broke"),
+    ("not a module", BASE.replace("train.py:build_model", "extra.py:a_dict"), 2, "returned a dict, expected a torch.nn.Module"),
+    ("no parameters", BASE.replace("train.py:build_model", "extra.py:no_params"), 2, "no trainable parameters"),
+    ("empty data", BASE.replace("train.py:build_data", "train.py:no_data"), 2, "data: yielded no batches"),
+    ("data not iterable", BASE.replace("train.py:build_data", "train.py:not_iterable"), 2, "expected an iterable of batches"),
+    ("non-tensor batches", BASE.replace("train.py:build_data", "extra.py:strings"), 2, "default loss expects batches (x, y); got a str"),
+    ("mismatched shapes", BASE.replace("train.py:build_data", "extra.py:wrong_width"), 3, "loss (step 0) raised RuntimeError: mat1 and mat2 shapes"),
+    ("loss not a tensor", BASE + "loss: extra.py:a_float\n", 2, "loss: returned a float, expected a scalar torch.Tensor"),
+    ("loss not a scalar", BASE + "loss: extra.py:per_sample\n", 2, "expected a scalar"),
+    ("checkpoint missing", BASE + "checkpoint: none.pt\n", 2, "checkpoint: file not found"),
+    ("checkpoint corrupt", BASE + "checkpoint: corrupt.pt\n", 2, "is not a readable torch checkpoint"),
+    ("checkpoint with code", BASE + "checkpoint: evil.pt\n", 2, "holds pickled code or objects (print), which torch.load(weights_only=True) refuses"),
+    ("checkpoint mismatch", BASE + "checkpoint: wrong.pt\n", 2, "checkpoint: does not fit the model"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text", "code", "message"), CASES, ids=[c[0] for c in CASES])
+def test_each_bad_input_gets_one_clear_message_and_its_exit_code(folder, name, text, code, message):
+    (folder / "config.yaml").write_text(text)
+    out = folder / "report.json"
+    result = runner.invoke(app, ["diagnose", str(folder / "config.yaml"), "--json", str(out), "-q"])
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback (most recent call last)" not in result.output
+    assert "this must never run" not in result.output
+    assert not out.exists()  # no partial report
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no temp file
+
+
+def test_cuda_without_cuda(folder):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    (folder / "config.yaml").write_text(BASE.replace("device: cpu", "device: cuda"))
+    result = runner.invoke(app, ["diagnose", str(folder / "config.yaml")])
+    assert result.exit_code == 2 and "torch.cuda.is_available() is False" in result.output
+
+
+def test_bfloat16_on_a_gpu_without_it(folder, monkeypatch):
+    from nandoctor import devices
+
+    monkeypatch.setattr(devices, "_cuda_bf16", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    with pytest.raises(devices.ConfigError, match="bfloat16 is not supported on Tesla V100"):
+        devices.check_dtype_supported(torch.device("cuda"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("where", ["missing/dir/report.json", "readonly/report.json"])
+def test_a_report_path_that_cannot_be_written(folder, where):
+    (folder / "readonly").mkdir(mode=0o500)
+    (folder / "config.yaml").write_text(BASE)
+    result = runner.invoke(
+        app, ["diagnose", str(folder / "config.yaml"), "--json", str(folder / where)]
+    )
+    if where.startswith("readonly") and result.exit_code == 0:
+        pytest.skip("running as a user who can write anywhere (root)")
+    assert result.exit_code == 2 and "--json" in result.output
