@@ -128,8 +128,9 @@ def summarize(result: RunResult, located: Localization | None = None) -> str:
     if result.failure is None:
         return f"all {result.steps_run} steps stayed finite"
     f = result.failure
-    head = f"step {f.step}, phase {f.phase.value if f.phase else '?'}" + _ranks_clause(f)
     found = located.finding if located is not None else None
+    phase = found.phase if found is not None else f.phase  # the replay's is the precise one
+    head = f"step {f.step}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
     if found is None:
         return f"{head}: {f.why}"
     if found.op is None:

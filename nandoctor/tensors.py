@@ -45,8 +45,10 @@ def to_device(obj: Any, device: torch.device) -> Any:
     return obj
 
 
-def _grouped_norms(tensors: Sequence[torch.Tensor], ord: float) -> list[torch.Tensor]:
-    """Per-tensor norms in float32, with one fused kernel per (device, dtype) group."""
+def _grouped_norms(
+    tensors: Sequence[torch.Tensor], ord: float, dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
+    """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t.detach())
@@ -55,17 +57,21 @@ def _grouped_norms(tensors: Sequence[torch.Tensor], ord: float) -> list[torch.Te
         if device.type in ("cpu", "cuda") and not group[0].is_sparse:
             # NB: reduced-precision norms are accumulated in float32: the L2 norm of finite
             # float16 values overflows float16 long before the values do.
-            norms.extend(torch._foreach_norm(group, ord, dtype=torch.float32))
+            norms.extend(torch._foreach_norm(group, ord, dtype=dtype))
         else:
-            norms.extend(torch.linalg.vector_norm(t, ord, dtype=torch.float32) for t in group)
+            norms.extend(torch.linalg.vector_norm(t, ord, dtype=dtype) for t in group)
     return norms
 
 
 def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The global L2 norm of `tensors` (NaN or inf when any element is), in float32."""
+    """The global L2 norm of `tensors`: NaN or inf exactly when an element is.
+
+    NB: accumulated in float64. In float32 the squares of finite values near 1e19
+    overflow, and a diverging run's huge but finite gradients would read as non-finite.
+    """
     if not tensors:
-        return torch.zeros((), device=device)
-    norms = _grouped_norms(tensors, 2.0)
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = _grouped_norms(tensors, 2.0, torch.float64)
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
 
 

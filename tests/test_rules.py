@@ -168,20 +168,45 @@ def test_calm_gradients_are_not_exploding():
     assert "exploding-gradients" not in ids(case("aten.log.default"))
 
 
-def test_learning_rate_from_the_update_ratio_and_a_climbing_loss():
+def test_learning_rate_when_the_loss_diverged_first_and_updates_are_large():
     update = UpdateRatio(9, 0.08, 0.2, "head.weight")
-    trends = replace(CALM, loss_min=0.4, loss_last=1.2, loss_late_slope=0.02)
-    cause = next(
-        c
-        for c in rank(case("aten.log.default", update=update, trends=trends))
-        if c.id == "learning-rate-too-high"
+    trends = replace(
+        CALM, loss_min=0.4, loss_last=9.0, loss_late_slope=2.0, loss_onset=4, grad_onset=4
     )
-    assert cause.confidence >= 0.75
+    causes = rank(case("aten.log.default", update=update, trends=trends))
+    cause = next(c for c in causes if c.id == "learning-rate-too-high")
+    assert cause.confidence >= 0.9 and causes[0].id == "learning-rate-too-high"
+    assert "the loss diverged from step 4" in cause.evidence[0]
     assert (
-        "step 9, the last update before the failure, moved the weights by 8.0% of their norm"
-        in cause.evidence[0]
+        "step 9, the last update before the failure, moved the weights by 8.0%" in cause.evidence[1]
     )
-    assert "climbed" in cause.evidence[1]
+
+
+def test_gradients_that_run_away_before_the_loss_are_exploding_not_the_learning_rate():
+    trends = replace(
+        CALM,
+        grad_early=3.0,
+        grad_late=1e6,
+        loss_min=3.0,
+        loss_last=12.0,
+        loss_late_slope=3.0,
+        grad_onset=33,
+        loss_onset=35,
+    )
+    causes = rank(case("aten.mul.Tensor", trends=trends))
+    assert causes[0].id == "exploding-gradients" and causes[0].confidence == 0.85
+    assert (
+        "the gradients ran away first, from step 33; the loss only from step 35"
+        in causes[0].evidence
+    )
+
+
+def test_growing_gradients_while_the_loss_improves_are_a_weak_sign():
+    trends = replace(CALM, grad_early=10.0, grad_late=3000.0, loss_late_slope=-1.0, grad_onset=40)
+    cause = next(
+        c for c in rank(case("aten.addmm.default", trends=trends)) if c.id == "exploding-gradients"
+    )
+    assert cause.confidence == 0.35
 
 
 def test_small_updates_and_a_falling_loss_are_not_a_high_learning_rate():

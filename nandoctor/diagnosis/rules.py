@@ -229,27 +229,28 @@ def fp16_overflow(case: Case) -> Hit | None:
 
 @rule("exploding-gradients")
 def exploding_gradients(case: Case) -> Hit | None:
+    """Gradients that grew far beyond their usual size, ahead of the loss."""
     t, clip = case.trends, case.facts.clip_grad_norm
     evidence, confidence = [], 0.0
     if (t.grad_growth or 0) >= 5:
         evidence.append(
-            f"the gradient norm grew {t.grad_growth:.0f}x, from {_num(t.grad_early)} early on "
+            f"the gradient norm grew {t.grad_growth:.3g}x, from {_num(t.grad_early)} early on "
             f"to {_num(t.grad_late)} just before the failure"
         )
-        confidence = min(0.85, 0.4 + 0.1 * (t.grad_growth or 0) ** 0.5)
-    if (
-        case.first.phase == "backward"
-        and case.first.value in ("inf", "-inf", "mixed")
-        and not case.facts.collapsed
-    ):
+        confidence = _gradients_led(case, evidence)
+    if _gradient_overflow(case):
         evidence.append(
             f"the gradients themselves overflowed in backward ({case.first.op}{_at(case)})"
         )
         confidence = max(confidence, 0.6)
-    if t.skips >= 3 and confidence:
-        evidence.append(f"the GradScaler skipped {t.skips} steps for overflowing gradients")
     if not evidence:
         return None
+    if t.late_skips >= 3:
+        evidence.append(
+            f"the GradScaler skipped {t.late_skips} steps for overflowing gradients after "
+            "its first calibration"
+        )
+        confidence = max(confidence, 0.45)
     if clip is None:
         evidence.append("no gradient clipping is configured")
     else:
@@ -257,28 +258,60 @@ def exploding_gradients(case: Case) -> Hit | None:
     return Hit(confidence, evidence)
 
 
+def _gradients_led(case: Case, evidence: list[str]) -> float:
+    """Confidence from which diverged first: the gradients (exploding) or the loss (lr)."""
+    t = case.trends
+    led = t.grad_onset is not None and (t.loss_onset is None or t.grad_onset < t.loss_onset)
+    if led and t.loss_onset is not None:
+        evidence.append(
+            f"the gradients ran away first, from step {t.grad_onset}; the loss only from "
+            f"step {t.loss_onset}"
+        )
+        return 0.85
+    if t.loss_onset is None and (t.loss_late_slope or 0) <= 0 and (t.loss_rise or 1) < 1.3:
+        evidence.append("though the loss kept improving: the gradients grew with the model's scale")
+        return 0.35
+    if led:
+        evidence.append(f"the gradients ran away from step {t.grad_onset}")
+        return 0.6
+    return 0.5
+
+
+def _gradient_overflow(case: Case) -> bool:
+    overflow = case.first.value in ("inf", "-inf", "mixed")
+    return case.first.phase == "backward" and overflow and not case.facts.collapsed
+
+
 @rule("learning-rate-too-high")
 def learning_rate_too_high(case: Case) -> Hit | None:
+    """The loss diverged first (or with the gradients), or the updates were far too large."""
     t, update = case.trends, case.evidence.update
-    signals = []
-    if update is not None and update.ratio >= 0.01:
-        signals.append(
+    evidence, confidence = [], 0.0
+    if t.loss_onset is not None and (t.grad_onset is None or t.loss_onset <= t.grad_onset):
+        evidence.append(
+            f"the loss diverged from step {t.loss_onset}: from its best {_num(t.loss_min)} "
+            f"(step {t.loss_min_step}) up to {_num(t.loss_last)}, before or with the gradients"
+        )
+        confidence = 0.85
+    elif (t.loss_rise or 0) >= 2 and (t.loss_late_slope or 0) > 0:
+        evidence.append(
+            f"the loss climbed from its best {_num(t.loss_min)} (step {t.loss_min_step}) back "
+            f"up to {_num(t.loss_last)} before the failure"
+        )
+        confidence = 0.5
+    if update is not None and update.ratio >= 0.03:
+        evidence.append(
             f"step {update.step}, the last update before the failure, moved the weights by "
             f"{update.ratio:.1%} of their norm ({update.largest:.1%} for "
             f"{update.largest_param}); about 0.1% is typical"
         )
-    if (t.loss_rise or 0) >= 1.3 and (t.loss_late_slope or 0) > 0:
-        signals.append(
-            f"the loss climbed from its best {_num(t.loss_min)} (step {t.loss_min_step}) back "
-            f"up to {_num(t.loss_last)} before the failure"
+        confidence = (
+            min(0.95, confidence + 0.1) if confidence else (0.5 if update.ratio >= 0.1 else 0.35)
         )
-    if not signals:
+    if not evidence:
         return None
     lr = f" (lr={case.facts.lr:g})" if case.facts.lr else ""
-    confidence = {1: 0.45, 2: 0.75}[len(signals)]
-    if update is not None and update.ratio >= 0.1:
-        confidence += 0.1
-    return Hit(confidence, [*signals, f"the optimizer is {case.facts.optimizer}{lr}"])
+    return Hit(confidence, [*evidence, f"the optimizer is {case.facts.optimizer}{lr}"])
 
 
 @rule("nondifferentiable-point")

@@ -1,6 +1,6 @@
 """What the telemetry says about the run before its failure: did the gradient norm grow,
-did the loss climb back up, how often did the GradScaler skip. Plain numbers, from the
-report's telemetry; the failing step itself is left out (its values are non-finite).
+did the loss climb back up, which diverged first, how often did the GradScaler skip.
+Plain numbers from the report's telemetry; non-finite values are left out.
 
     >>> t = trends_of(Telemetry(step=[0, 1, 2, 3], loss=[2.0, 1.0, 3.0, float("nan")],
     ...     grad_norm=[1.0, 1.0, 8.0, float("nan")], scale=[None] * 4))
@@ -19,11 +19,13 @@ from nandoctor.telemetry import Event, Telemetry
 EARLY_FRACTION = 0.2  # the "early" window: the first fifth of the run...
 LATE_FRACTION = 0.1  # ...and the "late" one: the last tenth before the failure
 MIN_WINDOW = 3
+GRAD_ONSET = 2.5  # "far above usual": this many times the median of the steps before
+LOSS_ONSET = 2.0
 
 
 @dataclass(frozen=True)
 class Trends:
-    steps: int  # clean steps with telemetry
+    steps: int  # steps with telemetry
     grad_early: float | None  # median gradient norm of the early window
     grad_late: float | None  # largest gradient norm of the late window
     loss_min: float | None
@@ -32,6 +34,9 @@ class Trends:
     loss_late_slope: float | None  # loss change per step over the late window
     skips: int
     longest_skip_streak: int
+    grad_onset: int | None = None  # from this step on, the gradient norm stayed far above usual
+    loss_onset: int | None = None  # from this step on, the loss stayed far above usual
+    late_skips: int = 0  # GradScaler skips after the first streak (the scale's calibration)
 
     @property
     def grad_growth(self) -> float | None:
@@ -48,24 +53,36 @@ class Trends:
 
 
 def trends_of(telemetry: Telemetry, events: list[Event] | None = None) -> Trends:
+    skipped = sorted(e.step for e in events or [] if e.kind == "scaler-skip")
     grads = _finite(telemetry.step, telemetry.grad_norm)
     losses = _finite(telemetry.step, telemetry.loss)
     early, late = _windows(len(grads))
-    loss_min = min(losses, key=lambda p: p[1], default=None)
+    best = min(losses, key=lambda p: p[1], default=None)
     _, late_losses = _windows(len(losses))
     return Trends(
         steps=len(telemetry.step),
         grad_early=statistics.median(g for _, g in grads[:early]) if grads else None,
         grad_late=max(g for _, g in grads[-late:]) if grads else None,
-        loss_min=loss_min[1] if loss_min else None,
-        loss_min_step=loss_min[0] if loss_min else None,
+        loss_min=best[1] if best else None,
+        loss_min_step=best[0] if best else None,
         loss_last=losses[-1][1] if losses else None,
         loss_late_slope=_slope(losses[-late_losses:]) if len(losses) >= MIN_WINDOW else None,
-        skips=sum(e.kind == "scaler-skip" for e in events or []),
-        longest_skip_streak=_longest_streak(
-            sorted(e.step for e in events or [] if e.kind == "scaler-skip")
-        ),
+        skips=len(skipped),
+        longest_skip_streak=_longest_streak(skipped),
+        grad_onset=onset(grads, GRAD_ONSET),
+        loss_onset=onset(losses, LOSS_ONSET),
+        late_skips=len(skipped) - _first_streak(skipped),
     )
+
+
+def onset(points: list[tuple[int, float]], factor: float) -> int | None:
+    """The first step from which every value stays above `factor` x the median before it:
+    when a divergence began, as opposed to a spike the run recovered from."""
+    for i in range(MIN_WINDOW, len(points)):
+        usual = statistics.median(v for _, v in points[:i])
+        if usual > 0 and all(v > factor * usual for _, v in points[i:]):
+            return points[i][0]
+    return None
 
 
 def _finite(steps: list[int], values: list[float]) -> list[tuple[int, float]]:
@@ -94,3 +111,11 @@ def _longest_streak(steps: list[int]) -> int:
         run = run + 1 if i and s == steps[i - 1] + 1 else 1
         longest = max(longest, run)
     return longest
+
+
+def _first_streak(steps: list[int]) -> int:
+    """How many skips the first streak has (0 without skips)."""
+    n = 1 if steps else 0
+    while n < len(steps) and steps[n] == steps[n - 1] + 1:
+        n += 1
+    return n

@@ -113,10 +113,10 @@ class Sentinel(Probe):
             flags["params"] = _bad(absmax(ctx.session.params, self.device))
 
     def _grads_ended(self, ctx: StepContext) -> None:
-        norm = ctx.grad_norm
-        if norm is None or norm.dtype != torch.float32:
-            grads = [p.grad for p in ctx.session.params if p.grad is not None]
-            norm = total_norm(grads, self.device)
+        # NB: our own float64 norm, not clip's: clip_grad_norm_ sums squares in the grads'
+        # dtype, where finite gradients can overflow (and clip then zeroes them, harmlessly)
+        grads = [p.grad for p in ctx.session.params if p.grad is not None]
+        norm = total_norm(grads, self.device)
         self._flags["grad_norm"] = norm.detach()
         self._flags["grads"] = _bad(norm)
         local = self.ranks.local_grads_bad() if self.ranks is not None else None
@@ -128,7 +128,7 @@ class Sentinel(Probe):
     def step_ended(self, ctx: StepContext) -> None:
         has_scaler = ctx.session.scaler is not None
         zero = torch.zeros((), device=self.device)
-        packed = torch.stack([self._flags.get(k, zero).float().reshape(()) for k in _SLOTS])
+        packed = torch.stack([self._flags.get(k, zero).double().reshape(()) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
             packed = self.ranks.gather_rows(packed)
         if self.defer:

@@ -1,0 +1,105 @@
+"""`compare` runs the same batches from the same weights under each dtype, through the
+same loop as diagnose, and says which survived."""
+
+from __future__ import annotations
+
+import json
+
+from nandoctor.compare import compare
+from nandoctor.comparison import Comparison
+from nandoctor.configfile import load_config
+from tests.conftest import CONFIGS, base_config
+
+RECORDING = """
+import hashlib
+
+import torch
+from torch import nn
+
+SEEN = []
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+
+
+def build_loader():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    return torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True)
+
+
+def recording_loss(model, batch):
+    x, y = batch
+    SEEN.append(hashlib.sha1(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest())
+    return nn.functional.cross_entropy(model(x), y)
+"""
+
+
+def test_every_run_sees_the_same_batches_in_the_same_order(project, tmp_path):
+    path = project(
+        base_config(
+            model="rec.py:build_model",
+            data="rec.py:build_loader",
+            loss="rec.py:recording_loss",
+            steps=20,
+        )
+    )
+    (tmp_path / "rec.py").write_text(RECORDING)
+    comparison = compare(load_config(path), ["bf16", "fp16"])
+    import sys
+
+    seen = next(
+        m for name, m in sys.modules.items() if name.startswith("_nandoctor_user_rec_")
+    ).SEEN
+    runs = [seen[i * 20 : (i + 1) * 20] for i in range(3)]
+    assert [r.dtype for r in comparison.runs] == ["float32", "bfloat16", "float16"]
+    assert runs[0] == runs[1] == runs[2]
+    assert len(set(runs[0][:8])) == 8 and runs[0][:8] != runs[0][8:16]  # shuffled anew each epoch
+
+
+def test_fp16_overflow_example_bf16_survives_where_fp16_fails():
+    comparison = compare(load_config(CONFIGS / "fp16-overflow.yaml"), ["bf16"])
+    fp16, bf16 = comparison.run("float16"), comparison.run("bfloat16")
+    assert fp16.status == "nonfinite" and fp16.first_nonfinite_phase == "forward"
+    assert bf16.status == "healthy"
+    assert fp16.headroom[0].peak_fraction > 0.5  # it was near 65504 when it failed
+    assert comparison.verdict.startswith("bfloat16 survived all")
+    assert "switch autocast to bfloat16" in comparison.verdict
+
+
+def test_seed_example_fails_in_every_dtype_so_the_dtype_is_not_the_cause():
+    comparison = compare(load_config(CONFIGS / "seed-fp16-nan.yaml"), ["bf16", "fp32"])
+    assert all(r.status == "nonfinite" for r in comparison.runs)
+    assert "the dtype is not the cause" in comparison.verdict
+    fp16, fp32 = comparison.run("float16"), comparison.run("float32")
+    assert fp16.first_nonfinite_step < fp32.first_nonfinite_step
+    assert comparison.reference == "float32" and fp32.max_abs_loss_diff_vs_reference == 0.0
+
+
+def test_json_has_the_spec_shape_and_round_trips(project):
+    comparison = compare(load_config(project(base_config(steps=5))), ["bf16"])
+    data = json.loads(comparison.to_json())
+    assert data["schema_version"] == 1 and data["command"] == "compare"
+    spec_keys = {
+        "dtype",
+        "status",
+        "steps_completed",
+        "first_nonfinite_step",
+        "final_loss",
+        "max_abs_loss_diff_vs_reference",
+        "step_time_ms",
+    }
+    for run in data["runs"]:
+        assert spec_keys <= set(run)
+        assert {"activation_fraction", "gradient_fraction"} <= set(run["headroom"][0])
+    assert isinstance(data["verdict"], str) and data["verdict"]
+    assert Comparison.from_dict(data).to_dict() == data
+
+
+def test_runs_are_reproducible(project):
+    a = compare(load_config(project(base_config(steps=8))), ["bf16"])
+    b = compare(load_config(project(base_config(steps=8))), ["bf16"])
+    for x, y in zip(a.runs, b.runs, strict=True):
+        assert x.telemetry.loss == y.telemetry.loss and x.headroom == y.headroom
