@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import Any
 
 from nandoctor.comparison import Comparison
@@ -38,7 +39,7 @@ def plot_png(comparison: Comparison) -> bytes:
     grad_ax.set_yscale("log")
     grad_ax.set_xlabel("step")
     loss_ax.legend()
-    loss_ax.set_title(comparison.verdict[:100], fontsize=8)
+    loss_ax.set_title(textwrap.fill(comparison.verdict, 110), fontsize=7, loc="left")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -1,0 +1,241 @@
+"""The figures, each measured in one process with the candidates interleaved: the machine
+is noisy, so every figure is a median over rounds with its spread, and every ratio is
+taken within a round (candidate / plain, side by side)."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from benchmarks.candidates import Candidate, available, plain_step
+from benchmarks.workloads import Workload
+from nandoctor.diagnose import DiagnoseOptions, diagnose
+from nandoctor.loop import run_step
+from nandoctor.probes.tracer import Tracer
+from nandoctor.session import build_session
+from nandoctor.snapshot import SnapshotStore, state_bytes
+
+
+@dataclass
+class Spread:
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass
+class StepTimes:
+    workload: str
+    ms: dict[str, Spread] = field(default_factory=dict)  # per-step time of each candidate
+    ratio: dict[str, Spread] = field(default_factory=dict)  # candidate / plain, per round
+
+
+def step_times(workload: Workload, size: str, device: str, rounds: int, steps: int) -> StepTimes:
+    makers = available()
+    loaded = workload.config(size, steps, device)
+    cands = {name: make(build_session(loaded)) for name, make in makers.items()}
+    batches = [b for _, b in itertools.islice(cands["plain"].session.batches, steps)]
+    for cand in cands.values():  # warm up: allocators, autotuning, lazy state
+        _run(cand, batches[:2])
+    per_round: dict[str, list[float]] = {n: [] for n in cands}
+    names = list(cands)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
+            per_round[name].append(_run(cands[name], batches) / len(batches))
+    for cand in cands.values():
+        cand.close()
+    out = StepTimes(workload.name)
+    for name, times in per_round.items():
+        out.ms[name] = Spread.of([t * 1000 for t in times])
+        out.ratio[name] = Spread.of([t / p for t, p in zip(times, per_round["plain"], strict=True)])
+    return out
+
+
+def _run(cand: Candidate, batches: list[Any]) -> float:
+    _sync(cand.session.device)
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        cand.step(i, batch)
+    _sync(cand.session.device)
+    return time.perf_counter() - start
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- host reads ----------------------------------------------------------------------
+_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
+
+
+@contextmanager
+def counting_host_reads() -> Iterator[dict[str, int]]:
+    """Count the calls that read a tensor's value on the host (a sync point on CUDA)."""
+    counts = {"reads": 0}
+    originals = {name: getattr(torch.Tensor, name) for name in _READS}
+
+    def counted(original):
+        def wrapper(self, *args, **kwargs):
+            counts["reads"] += 1
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counted(original))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def host_reads(workload: Workload, size: str, device: str, steps: int = 5) -> dict[str, float]:
+    out = {}
+    loaded = workload.config(size, steps + 2, device)
+    for name, make in available().items():
+        cand = make(build_session(loaded))
+        batches = [b for _, b in itertools.islice(cand.session.batches, steps + 2)]
+        _run(cand, batches[:2])
+        with counting_host_reads() as counts:
+            _run(cand, batches[2:])
+        cand.close()
+        out[name] = counts["reads"] / steps
+    if device == "cuda":
+        out.update(_cuda_syncs(workload, size, steps))
+    return out
+
+
+def _cuda_syncs(workload: Workload, size: str, steps: int) -> dict[str, float]:
+    """Blocking device synchronisations per step, as torch's sync debug mode counts them."""
+    import warnings
+
+    out = {}
+    loaded = workload.config(size, steps + 2, "cuda")
+    for name in ("plain", "sentinel"):
+        cand = available()[name](build_session(loaded))
+        batches = [b for _, b in itertools.islice(cand.session.batches, steps + 2)]
+        _run(cand, batches[:2])
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i, batch in enumerate(batches[2:]):
+                cand.step(i, batch)
+        torch.cuda.set_sync_debug_mode("default")
+        cand.close()
+        out[f"{name} (cuda syncs)"] = sum("synchroniz" in str(w.message) for w in caught) / steps
+    return out
+
+
+# -- time to diagnosis -----------------------------------------------------------------
+@dataclass
+class DiagnosisTime:
+    failing_step: int
+    plain_s: float  # the plain loop reaching (and running) the failing step
+    nandoctor_s: float  # diagnose, verification excluded: fast run + replay + causes
+    anomaly_s: float | None  # anomaly mode from the start until it raises
+    found: str  # what nandoctor reported
+
+    @property
+    def ratio(self) -> float:
+        return self.nandoctor_s / self.plain_s
+
+
+def time_to_diagnosis(
+    workload: Workload, size: str, device: str, failing_step: int
+) -> DiagnosisTime:
+    steps = failing_step + 10
+    loaded = workload.config(size, steps, device, nan_at=failing_step)
+    plain = _timed(lambda: _loop_until(loaded, failing_step, anomaly=False))
+    start = time.perf_counter()
+    report = diagnose(loaded, DiagnoseOptions(verify=False))
+    ours = time.perf_counter() - start
+    anomaly = _timed(lambda: _loop_until(loaded, failing_step, anomaly=True))
+    first = report.first_nonfinite
+    found = f"step {first.step}, phase {first.phase}, {first.tensor}" if first else report.status
+    return DiagnosisTime(failing_step, plain, ours, anomaly, found)
+
+
+def _loop_until(loaded, failing_step: int, anomaly: bool) -> None:
+    session = build_session(loaded)
+    with torch.autograd.set_detect_anomaly(anomaly):
+        for step, batch in itertools.islice(session.batches, failing_step + 1):
+            try:
+                plain_step(session, batch)
+            except RuntimeError:
+                if anomaly and step == failing_step:
+                    return  # anomaly mode raised at the NaN: found
+                raise
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# -- the instrumented replay, and the snapshots' memory ------------------------------
+def replay_cost(workload: Workload, size: str, device: str, repeats: int = 3) -> Spread:
+    """One step under the tracer, as a multiple of one plain step on the same batch."""
+    loaded = workload.config(size, 4, device)
+    session = build_session(loaded)
+    batches = [b for _, b in itertools.islice(session.batches, 2)]
+    plain_step(session, batches[0])
+    ratios = []
+    for _ in range(repeats):
+        plain = _timed(lambda: plain_step(session, batches[1]))
+        tracer = Tracer(session.model, session.optimizer)
+
+        def traced(t=tracer) -> None:
+            with t:
+                run_step(session, 1, batches[1], t)
+
+        ratios.append(_timed(traced) / plain)
+    return Spread.of(ratios)
+
+
+@dataclass
+class SnapshotMemory:
+    state_mb: float  # weights, buffers and optimizer state: what one snapshot copies
+    snapshots_mb: float  # everything the store holds: kept states plus the batch ring
+    batches_mb: float
+    every: int
+
+    @property
+    def ratio(self) -> float:
+        """(store - batch ring) / state: the target is at most 2."""
+        return (self.snapshots_mb - self.batches_mb) / self.state_mb
+
+
+def snapshot_memory(workload: Workload, size: str, device: str, steps: int = 24) -> SnapshotMemory:
+    loaded = workload.config(size, steps, device)
+    session = build_session(loaded)
+    store = SnapshotStore(session)
+    for step, batch in itertools.islice(session.batches, steps):
+        store.before_step(step, batch)
+        plain_step(session, batch)
+    batch_bytes = sum(
+        t.numel() * t.element_size() for b in store._batches.values() for t in _tensors(b)
+    )
+    mb = 2**20
+    return SnapshotMemory(
+        state_bytes(session) / mb, store.nbytes / mb, batch_bytes / mb, store.every or 0
+    )
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    from nandoctor.tensors import iter_tensors
+
+    return iter_tensors(obj)

@@ -1,0 +1,107 @@
+"""`python -m benchmarks`: run every figure, print a table, write docs/performance.md.
+
+python -m benchmarks                       # CPU sizes, about 10 minutes on 2 cores
+python -m benchmarks --size tiny --rounds 1 --steps 2 --failing-step 6 --out -   # smoke
+python -m benchmarks --size gpu --device cuda   # on a GPU (see benchmarks/gpu_check.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks import measure
+from benchmarks.render import render_markdown, render_png
+from benchmarks.workloads import WORKLOADS
+
+STEP_WORKLOADS = ["transformer-bf16", "mlp-fp16", "mlp-bf16", "convnet-bf16"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    torch.manual_seed(0)
+    results: dict = {"machine": machine(args), "size": args.size, "device": args.device}
+    results["focus"] = args.focus
+    step_names = args.workloads or STEP_WORKLOADS
+    results["step_times"] = [
+        dataclasses.asdict(
+            measure.step_times(WORKLOADS[w], args.size, args.device, args.rounds, args.steps)
+        )
+        for w in step_names
+    ]
+    focus = WORKLOADS[args.focus]
+    results["host_reads"] = {
+        w: measure.host_reads(WORKLOADS[w], args.size, args.device)
+        for w in (args.focus, "mlp-fp16")
+    }
+    diagnosis = measure.time_to_diagnosis(focus, args.size, args.device, args.failing_step)
+    results["time_to_diagnosis"] = {**dataclasses.asdict(diagnosis), "ratio": diagnosis.ratio}
+    results["replay_cost"] = dataclasses.asdict(measure.replay_cost(focus, args.size, args.device))
+    memory = measure.snapshot_memory(focus, args.size, args.device)
+    results["snapshot_memory"] = {**dataclasses.asdict(memory), "ratio": memory.ratio}
+    text = render_markdown(
+        results, command=" ".join(["python -m benchmarks", *(argv or sys.argv[1:])])
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.out == "-":
+        print(text)
+    else:
+        Path(args.out).write_text(text)
+        render_png(results, Path(args.out).with_name("performance.png"))
+        print(text)
+    return 0
+
+
+def machine(args: argparse.Namespace) -> dict:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    gpu = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda" and torch.cuda.is_available()
+        else None
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "gpu": gpu,
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=["tiny", "cpu", "gpu"], default="cpu")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per figure")
+    p.add_argument("--steps", type=int, default=10, help="steps per candidate per round")
+    p.add_argument(
+        "--failing-step", type=int, default=300, help="where the time-to-diagnosis run fails"
+    )
+    p.add_argument(
+        "--focus", default="transformer-bf16", help="the workload of the detailed figures"
+    )
+    p.add_argument("--workloads", nargs="*", help="only these step-time workloads")
+    p.add_argument(
+        "--out", default="docs/performance.md", help="the Markdown page ('-': stdout only)"
+    )
+    p.add_argument("--json", help="also write the raw results here")
+    return p
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
