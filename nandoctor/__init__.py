@@ -1,4 +1,19 @@
 """nandoctor: find the step, the tensor and the cause when a PyTorch run turns NaN."""
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["Guard", "NonFiniteError", "__version__"]
+
+if TYPE_CHECKING:
+    from nandoctor.guard import Guard, NonFiniteError
+
+
+def __getattr__(name: str) -> Any:
+    # NB: lazy, so that `import nandoctor` (run by every process `watch` starts) stays free
+    # of torch until the Python API is used
+    if name in ("Guard", "NonFiniteError"):
+        from nandoctor import guard
+
+        return getattr(guard, name)
+    raise AttributeError(f"module 'nandoctor' has no attribute {name!r}")

@@ -94,6 +94,8 @@ def diagnose(
         report.gate = _gate(report, options)
     if report.first_nonfinite is not None:
         _diagnose_failure(report, loaded, session, result, options)
+    if session.ranks is not None:
+        session.ranks.leave()
     return report
 
 

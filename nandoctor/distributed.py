@@ -72,6 +72,13 @@ class Ranks:
         dist.all_reduce(table)
         return table
 
+    def leave(self) -> None:
+        """Wait for every rank, then close the process group: a process that exits while
+        gloo's threads still run is aborted ("terminate called without an active exception")."""
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     def gather_objects(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)

@@ -1,0 +1,63 @@
+"""`nandoctor watch -- CMD...`: run a training command unchanged, with the sentinel on."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from nandoctor.cli import options
+from nandoctor.cli.app import app, handles_errors, stderr_console
+from nandoctor.cli.diagnose import write_reports
+from nandoctor.errors import UsageError
+from nandoctor.render.terminal import render_report
+from nandoctor.watch import runner
+
+
+@app.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@handles_errors
+def watch(
+    command: list[str] = typer.Argument(
+        None, metavar="-- CMD...", help="The command to run, e.g. -- python train.py --lr 3e-4"
+    ),
+    json_path: str | None = options.Json,
+    markdown_path: str | None = options.Markdown,
+    keep_going: bool = typer.Option(
+        False, "--continue", help="Let the script go on after the first non-finite step."
+    ),
+    replay: bool = typer.Option(
+        True,
+        "--replay/--no-replay",
+        help="Rerun the command up to the bad step to name its tensor, op and source line.",
+    ),
+    replay_budget: float = typer.Option(
+        runner.DEFAULT_REPLAY_BUDGET,
+        "--replay-budget",
+        min=0,
+        help="Replay only if the run failed within this many seconds.",
+    ),
+    quiet: bool = options.Quiet,
+    debug: bool = options.Debug,
+) -> None:
+    """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
+    own exit code."""
+    if not command:
+        raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
+    outputs = {"--json": json_path, "--markdown": markdown_path}
+    options.check_outputs(outputs)
+    # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
+    console = Console(stderr=True, highlight=False)
+
+    def on_replay(step: int) -> None:
+        if not quiet:
+            stderr_console().print(
+                f"[dim]nandoctor watch: step {step} went non-finite; rerunning the command "
+                "up to it to replay it under the tracer[/]"
+            )
+
+    opts = runner.WatchOptions(keep_going=keep_going, replay=replay, replay_budget=replay_budget)
+    outcome = runner.watch(list(command), opts, on_replay=on_replay)
+    render_report(console, outcome.report, quiet=quiet)
+    write_reports(outcome.report, outputs)
+    raise typer.Exit(outcome.exit_code)

@@ -1,0 +1,91 @@
+"""What the hooks learn about a training run they did not build: the probes' `session`.
+
+`diagnose` builds model, optimizer and scaler itself and hands probes a `Session`. Under
+`watch` or a `Guard`, the user's script built them; the hooks discover them as they run:
+the model at its first forward with grad enabled, the optimizer at its first step, the
+GradScaler when it scales a loss. `Run` holds what was discovered, and offers the few
+attributes the probes read from a session (`params`, `scaler`, `device`, `model`,
+`optimizer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Run:
+    model: nn.Module | None = None  # the first model that ran forward with grad enabled
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # given or seen
+    clock: torch.optim.Optimizer | None = None  # the first to step: its steps number steps
+    scaler: torch.amp.GradScaler | None = None  # an enabled GradScaler that scaled a loss
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None  # the autocast dtype at the model's first forward
+    clip_grad_norm: float | None = None  # the max_norm of the last clip_grad_norm_ call
+    grad_scale: torch.Tensor | None = None  # the scale the .grad tensors carry now, if any
+    _params: list[nn.Parameter] = field(default_factory=list, repr=False)
+    _params_key: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer that numbers the steps (before any step: the first one known)."""
+        return self.clock or (self.optimizers[0] if self.optimizers else None)
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """What the optimizers step (every optimizer seen); before any step, the model's."""
+        key = tuple(len(g["params"]) for o in self.optimizers for g in o.param_groups)
+        if key != self._params_key or not self._params:
+            self._params_key = key
+            self._params = self._collect_params()
+        return self._params
+
+    def _collect_params(self) -> list[nn.Parameter]:
+        seen: dict[int, nn.Parameter] = {}
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    seen.setdefault(id(p), p)
+        if not seen and self.model is not None:
+            seen = {id(p): p for p in self.model.parameters() if p.requires_grad}
+        return list(seen.values())
+
+    def note_model(self, module: nn.Module) -> None:
+        """The first root module is the model; at its first forward, the device and dtype."""
+        if self.model is None:
+            self.model = module
+        if self.dtype is not None:
+            return
+        first = next(iter(self.model.parameters()), None)
+        if self.device is None:
+            self.device = first.device if first is not None else torch.device("cpu")
+        self.dtype = autocast_dtype(self.device) or (
+            first.dtype if first is not None else torch.float32
+        )
+
+    def note_optimizer(self, optimizer: torch.optim.Optimizer, stepping: bool = False) -> None:
+        """A known optimizer; `stepping`: it is stepping now (the first such is the clock).
+
+        NB: the clock is the first optimizer seen *stepping*, not the one a caller named:
+        a wrapper such as accelerate's AcceleratedOptimizer steps through the inner one.
+        """
+        if all(o is not optimizer for o in self.optimizers):
+            self.optimizers.append(optimizer)
+        if stepping and self.clock is None:
+            self.clock = optimizer
+
+    def note_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        """An enabled GradScaler scaled a loss (the monitor's judge then learns its scale)."""
+        if scaler.is_enabled():
+            self.scaler = scaler
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast casts to on `device` right now; None when it is off."""
+    kind = device.type
+    if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
+        return None
+    return torch.get_autocast_dtype(kind)

@@ -1,0 +1,63 @@
+"""A transformers `TrainerCallback` that stops training at the first non-finite step,
+with the report of `diagnose`::
+
+    from nandoctor.integrations.transformers import NandoctorCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=data,
+                      callbacks=[NandoctorCallback()])
+    trainer.train()                 # raises nandoctor.NonFiniteError at the first bad step
+
+With `raise_error=False` the trainer stops at the end of that step instead
+(`control.should_training_stop`), and `callback.report` holds the report. The guard
+watches through hooks (the Trainer runs the step, so nothing can replay it): the report
+names the step, the phase and what the telemetry says, not the tensor. Steps are
+numbered like `state.global_step`; the GradScaler of `fp16=True` is found when it
+scales the first loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nandoctor.guard import Guard
+from nandoctor.integrations import MissingExtraError
+from nandoctor.report import Report
+
+try:
+    from transformers import TrainerCallback
+except ImportError:
+    raise MissingExtraError("transformers", "transformers", "transformers") from None
+
+
+class NandoctorCallback(TrainerCallback):
+    def __init__(self, *, raise_error: bool = True) -> None:
+        self.raise_error = raise_error
+        self.report: Report | None = None
+        self._guard: Guard | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
+        if model is None or optimizer is None:
+            return
+        self._guard = Guard(
+            model,
+            optimizer,
+            start_step=state.global_step,
+            name=type(model).__name__,
+            raise_error=self.raise_error,
+        )
+        self._guard.__enter__()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._guard is not None and self._guard.report is not None:
+            self.report = self._guard.report
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.close()
+            self.report = self.report or guard.report
+
+
+__all__ = ["NandoctorCallback"]

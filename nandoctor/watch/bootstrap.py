@@ -1,0 +1,72 @@
+"""The first nandoctor code a watched process runs (from `boot/sitecustomize.py`).
+
+It must cost nothing to a process that never uses torch (a shell tool, a DataLoader
+worker that only reads files): it imports no torch and attaches nothing. It waits for
+`import torch` to finish and only then attaches the sentinel (`child.attach`), so the
+hooks are in place before the script's first line that touches a model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec
+from typing import Any
+
+from nandoctor.watch.protocol import Settings
+
+
+def install() -> None:
+    settings = Settings.from_env(os.environ)
+    if settings is None:
+        return
+    if "torch" in sys.modules:
+        _attach(settings)
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", lambda: _attach(settings)))
+
+
+def _attach(settings: Settings) -> None:
+    try:
+        from nandoctor.watch import child
+
+        child.attach(settings)
+    except Exception as e:  # NB: never break the user's program over the watch
+        sys.stderr.write(f"nandoctor watch: not attached: {type(e).__name__}: {e}\n")
+
+
+class _AfterImport(MetaPathFinder):
+    """Calls `callback` once, right after the module `name` has been fully imported."""
+
+    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # one shot; the other finders find the real module
+        spec = _find(fullname, path, target)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run_module = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run_module(module)
+            del loader.exec_module  # NB: the loader is the real one again
+            self.callback()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _find(fullname: str, path: Any, target: Any) -> ModuleSpec | None:
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is not None:
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+    return None

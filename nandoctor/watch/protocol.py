@@ -1,0 +1,55 @@
+"""How `nandoctor watch` talks to the processes it starts: one environment variable in,
+files in a private folder out. Standard library only: the bootstrap reads this before
+torch is imported.
+
+    NANDOCTOR_WATCH='{"dir": "/tmp/nandoctor-watch-x1y2", "keep_going": false,
+                      "trace_step": null, "loss_scale": null}'
+
+Each watched process writes, into `dir`, `attached-<pid>` when it attaches (torch was
+imported), `run-<pid>.json` with what its sentinel saw, and on a replay run
+`trace-<pid>.json` with what the tracer found at `trace_step`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ENV = "NANDOCTOR_WATCH"
+
+
+@dataclass(frozen=True)
+class Settings:
+    dir: str
+    keep_going: bool = False  # --continue: record the first bad step, let the script go on
+    trace_step: int | None = None  # a replay run: trace this step, then stop
+    loss_scale: float | None = None  # the replayed step's GradScaler scale (a collapse)
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | os._Environ) -> Settings | None:
+        text = environ.get(ENV)
+        return cls(**json.loads(text)) if text else None
+
+
+def attached_marker(folder: str, pid: int) -> Path:
+    return Path(folder) / f"attached-{pid}"
+
+
+def run_file(folder: str, pid: int) -> Path:
+    return Path(folder) / f"run-{pid}.json"
+
+
+def trace_file(folder: str, pid: int) -> Path:
+    return Path(folder) / f"trace-{pid}.json"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomically: the parent reads a whole file or none (a process may die mid-write)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,87 @@
+"""Read back what the watched processes wrote (see `protocol`), as the engine's own types:
+a `RunResult` per process that stepped an optimizer, and a `Localization` from a replay."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from nandoctor.diagnosis.case import RunFacts
+from nandoctor.diagnosis.evidence import ModuleStat
+from nandoctor.localize import Localization
+from nandoctor.probes.base import Phase
+from nandoctor.probes.sentinel import Reading, Verdict
+from nandoctor.probes.tracer import Finding
+from nandoctor.replay import RunResult
+from nandoctor.report import Environment
+from nandoctor.telemetry import Event, Telemetry
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    pid: int
+    result: RunResult
+    environment: Environment
+    facts: RunFacts
+
+
+def attached(folder: str) -> bool:
+    return any(Path(folder).glob("attached-*"))
+
+
+def load_runs(folder: str) -> list[ChildRun]:
+    """Every process's run, the failing ones first (earliest bad step first)."""
+    runs = [_run(json.loads(p.read_text())) for p in sorted(Path(folder).glob("run-*.json"))]
+    return sorted(runs, key=_order)
+
+
+def _order(run: ChildRun) -> tuple:
+    failure = run.result.failure
+    failed = failure is not None and failure.step is not None
+    return (not failed, failure.step if failed else 0, -run.result.steps_run, run.pid)
+
+
+def _run(data: dict[str, Any]) -> ChildRun:
+    result = RunResult(
+        status=data["status"],
+        start_step=data["start_step"],
+        steps_run=data["steps_run"],
+        failure=_verdict(data["failure"]) if data["failure"] else None,
+        telemetry=Telemetry(**data["telemetry"]),
+        events=[Event(**e) for e in data["events"]],
+        seconds=data["seconds"],
+    )
+    return ChildRun(
+        data["pid"], result, Environment(**data["environment"]), RunFacts(**data["facts"])
+    )
+
+
+def _verdict(data: dict[str, Any]) -> Verdict:
+    phase = Phase(data["phase"]) if data["phase"] else None
+    return Verdict(**{**data, "reading": Reading(**data["reading"]), "phase": phase})
+
+
+def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
+    """What the replay run found at `step`; a note says why when it found nothing (with
+    the rerun's last line of output when it ended early)."""
+    files = sorted(Path(folder).glob("trace-*.json"))
+    tail = f"; its last output: {last_output}" if last_output else ""
+    if not files:
+        return Localization(step, None, note=f"the rerun of the command never got there{tail}")
+    data = json.loads(files[0].read_text())
+    modules = TypeAdapter(list[ModuleStat]).validate_python(data["modules"])
+    finding = TypeAdapter(Finding).validate_python(data["finding"]) if data["finding"] else None
+    note = None
+    if data["diverged"] is not None:
+        note = (
+            f"the rerun went non-finite at step {data['diverged']} instead, so the script is "
+            "not deterministic: seed Python, numpy and torch, and fix its data order"
+        )
+    elif not data["reached"]:
+        note = f"the rerun of the command ended before step {step}{tail}"
+    found = finding if data["reached"] else None
+    return Localization(step, found, modules, data["from_step"], data["seconds"], note)

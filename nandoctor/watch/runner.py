@@ -1,0 +1,187 @@
+"""`nandoctor watch -- CMD...`: run any command with the sentinel attached to every Python
+process it starts, and turn what they saw into the report of `diagnose`.
+
+The command runs as a subprocess, from an argument list (never a shell string), with
+two changes to its environment: `boot/` first on PYTHONPATH, whose `sitecustomize`
+attaches the sentinel as soon as a process imports torch, and `NANDOCTOR_WATCH` holding
+the settings (see `protocol`). So `python train.py`, `python -m pkg.train`, `torchrun`
+or a shell script that ends in Python are all watched the same way, unchanged.
+
+When a run fails and the time it took to fail fits the replay budget, the command runs
+a second time, stopping at the bad step, which runs under the tracer: that replay names
+the op, module, tensor and source line, as `diagnose`'s replay does. It needs the script
+to be deterministic (seeded); when it is not, the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nandoctor.errors import ExitCode, UsageError
+from nandoctor.guard.reporting import build_report
+from nandoctor.localize import Localization
+from nandoctor.probes.base import Phase
+from nandoctor.replay import RunResult
+from nandoctor.report import Environment, Report
+from nandoctor.watch import results
+from nandoctor.watch.protocol import ENV, Settings
+
+BOOT_DIR = Path(__file__).resolve().parent / "boot"
+DEFAULT_REPLAY_BUDGET = 600.0  # seconds to the failure, beyond which no rerun is made
+GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    keep_going: bool = False  # --continue
+    replay: bool = True
+    replay_budget: float = DEFAULT_REPLAY_BUDGET
+
+
+@dataclass(frozen=True)
+class Outcome:
+    report: Report
+    exit_code: int
+
+
+def watch(
+    command: list[str],
+    options: WatchOptions = WatchOptions(),
+    on_replay: Callable[[int], None] | None = None,
+) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="nandoctor-watch-") as folder:
+        code = run_command(command, Settings(folder, keep_going=options.keep_going))
+        runs, attached = results.load_runs(folder), results.attached(folder)
+    first = runs[0] if runs else None
+    failure = first.result.failure if first is not None else None
+    located, notes = None, []
+    if first is not None and failure is not None and failure.step is not None:
+        located, notes = _maybe_replay(command, first.result, options, on_replay)
+    report = _report(command, first, code, located, notes, attached)
+    return Outcome(report, _exit_code(report, code))
+
+
+def run_command(
+    command: list[str], settings: Settings, log: Path | None = None, timeout: float | None = None
+) -> int:
+    """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted)."""
+    env = dict(os.environ)
+    env[ENV] = settings.to_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOT_DIR), env.get("PYTHONPATH")) if p)
+    out = open(log, "wb") if log is not None else None  # noqa: SIM115  (closed below)
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=out)
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        raise UsageError(f"watch: cannot run {command[0]!r}: {e.strerror or e}") from None
+    finally:
+        if out is not None:
+            out.close()
+    return _wait(proc, timeout)
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
+    try:
+        code = proc.wait(timeout)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):  # Ctrl-C, SIGTERM or too long
+        _stop(proc)
+        return int(ExitCode.INTERRUPTED)
+    return 128 - code if code < 0 else code
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the command the gentle way first: a Ctrl-C from the terminal reached it already;
+    a SIGTERM sent to us did not, so it gets a SIGINT (Python then still writes what it saw),
+    then SIGTERM, then SIGKILL."""
+    steps = (
+        (1.0, lambda: proc.send_signal(signal.SIGINT)),
+        (GRACE_S, proc.terminate),
+        (GRACE_S, proc.kill),
+    )
+    for wait_s, then in steps:
+        try:
+            proc.wait(wait_s)
+            return
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            then()
+    proc.wait()
+
+
+def _maybe_replay(
+    command: list[str], result: RunResult, options: WatchOptions, on_replay
+) -> tuple[Localization | None, list[str]]:
+    failure = result.failure
+    assert failure is not None and failure.step is not None
+    if not options.replay:
+        return None, [f"no replay (--no-replay): {_RERUN_HINT}"]
+    if result.seconds > options.replay_budget:
+        return None, [
+            f"no replay: the command took {result.seconds:.0f} s to fail, more than the "
+            f"replay budget of {options.replay_budget:.0f} s (--replay-budget); {_RERUN_HINT}"
+        ]
+    if on_replay is not None:
+        on_replay(failure.step)
+    collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
+    scale = failure.reading.scale if collapsed else None
+    timeout = max(60.0, 3 * result.seconds + 30)
+    with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
+        settings = Settings(folder, trace_step=failure.step, loss_scale=scale)
+        log = Path(folder) / "replay.log"
+        run_command(command, settings, log=log, timeout=timeout)
+        return results.load_trace(folder, failure.step, _last_line(log)), []
+
+
+def _last_line(log: Path) -> str:
+    """The rerun's output is hidden; when it ended early, its last line says why."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip()[:200] if lines else ""
+
+
+_RERUN_HINT = "the report names the step and phase, not the tensor"
+
+
+def _report(
+    command: list[str],
+    first: results.ChildRun | None,
+    code: int,
+    located: Localization | None,
+    notes: list[str],
+    attached: bool,
+) -> Report:
+    if first is None:
+        result = RunResult(_status(code, None), 0, 0)
+        notes = [*notes, _NOT_ATTACHED if not attached else "no optimizer step was seen"]
+        env = Environment("unknown", torch.__version__, "unknown", False, 0)
+        facts = None
+    else:
+        result, env, facts = first.result, first.environment, first.facts
+        result.status = _status(code, result)
+    if code != 0 and result.failure is None and code != ExitCode.INTERRUPTED:
+        notes.append(f"the command exited with code {code}")
+    return build_report("watch", shlex.join(command), env, facts, result, located, notes)
+
+
+_NOT_ATTACHED = (
+    "nandoctor was not attached: no process of the command imported torch with nandoctor "
+    "importable (is it a Python with nandoctor installed?)"
+)
+
+
+def _status(code: int, result: RunResult | None) -> str:
+    if result is not None and result.failure is not None:
+        return "nonfinite"
+    if code == ExitCode.INTERRUPTED:
+        return "interrupted"
+    return "healthy" if code == 0 else "error"
+
+
+def _exit_code(report: Report, code: int) -> int:
+    return int(ExitCode.NONFINITE) if report.status == "nonfinite" else code

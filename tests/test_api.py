@@ -1,0 +1,213 @@
+"""The Python API: `Guard` in a user's own loop, `NonFiniteError` with the report of
+diagnose, in both forms (`guard.step(fn, batch)` replays and localises; `with guard:`
+watches an unchanged loop through hooks)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from torch import nn
+
+import nandoctor
+from nandoctor.errors import ExitCode, NandoctorError
+from nandoctor.examples.seed import build_data, build_model
+from nandoctor.guard import Guard, NonFiniteError
+from nandoctor.render.markdown import render_markdown
+from nandoctor.render.terminal import render_report
+from nandoctor.report import Report
+from tests.scripts import seed_fp16_nan as seed
+from tests.scripts.expected import seed_diagnosis
+
+
+def tiny_loop(nan_at: int | None = None, steps: int = 8):
+    """A float32 model, optimizer and batches; batch `nan_at` holds one NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g))
+        for _ in range(steps)
+    ]
+    if nan_at is not None:
+        batches[nan_at][0][2, 5] = float("nan")
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return model, optimizer, batches, train_step
+
+
+def guarded(guard: Guard, train_step, batches) -> list[torch.Tensor]:
+    return [guard.step(train_step, batch) for batch in batches]
+
+
+def test_guard_step_catches_an_input_nan_at_its_exact_step():
+    model, optimizer, batches, train_step = tiny_loop(nan_at=5)
+    guard = Guard(model, optimizer)
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(guard, train_step, batches)
+    report = caught.value.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.tensor, first.value) == (5, "input", "input:0", "nan")
+    assert first.reproduced is True and first.count_nonfinite == 1
+    assert report.steps_completed == 5 and report.status == "nonfinite"
+    assert report.causes[0].id == "nonfinite-input"
+    assert guard.report is report
+
+
+def test_the_error_carries_a_report_every_renderer_and_the_json_read():
+    model, optimizer, batches, train_step = tiny_loop(nan_at=2)
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(Guard(model, optimizer, name="my-loop"), train_step, batches)
+    error = caught.value
+    assert isinstance(error, NandoctorError) and error.exit_code == ExitCode.NONFINITE
+    assert "step 2, phase input" in error.message and error.hint.startswith("nonfinite-input")
+    report = error.report
+    assert Report.from_dict(report.to_dict()).to_dict() == report.to_dict()
+    assert report.command == "guard" and report.config == "my-loop"
+    console = Console(file=io.StringIO(), width=100, force_terminal=False)
+    render_report(console, report)
+    assert "NON-FINITE at step 2" in console.file.getvalue()
+    assert "step 2" in render_markdown(report)
+
+
+def seed_loop():
+    """The brief's loop (configs/seed-fp16-nan.yaml, as the watch script mirrors it) as a
+    step function."""
+    torch.manual_seed(seed.SEED)
+    model = build_model(**seed.MODEL_ARGS)
+    data = build_data(**seed.DATA_ARGS)
+    optimizer = torch.optim.SGD(model.parameters(), lr=seed.LR, momentum=seed.MOMENTUM)
+    scaler = torch.amp.GradScaler("cpu", init_scale=seed.INIT_SCALE)
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(x)
+            loss = -(y * torch.log(torch.softmax(logits, -1))).sum(-1).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    return model, optimizer, scaler, data, train_step
+
+
+def test_guard_step_localises_the_seed_loop_as_diagnose_does():
+    model, optimizer, scaler, data, train_step = seed_loop()
+    guard = Guard(model, optimizer, scaler)
+    with pytest.raises(NonFiniteError) as caught:
+        for step in range(400):
+            guard.step(train_step, data[step % len(data)])
+    report, expected = caught.value.report, seed_diagnosis()
+    first = report.first_nonfinite
+    assert (first.step, first.phase) == (expected["first_nonfinite"]["step"], "loss")
+    assert (first.op, first.tensor, first.value) == ("aten.log.default", "output", "-inf")
+    assert first.source.endswith(f"test_api.py:{seed_loop_loss_line()}")
+    assert [c.id for c in report.causes] == [c["id"] for c in expected["causes"]]
+    assert [e.step for e in report.events] == [e["step"] for e in expected["events"]]
+    assert report.evidence.update == expected_update(expected)
+    assert all(c.verified is None for c in report.causes)  # nandoctor cannot rerun your loop
+
+
+def expected_update(expected: dict):
+    from pydantic import TypeAdapter
+
+    from nandoctor.diagnosis.evidence import UpdateRatio
+
+    return TypeAdapter(UpdateRatio).validate_python(expected["evidence"]["update"])
+
+
+def seed_loop_loss_line() -> int:
+    import inspect
+
+    lines, start = inspect.getsourcelines(seed_loop)
+    return start + next(i for i, line in enumerate(lines) if "torch.log(" in line)
+
+
+def test_the_with_form_watches_an_unchanged_loop_by_optimizer_steps():
+    model, optimizer, batches, train_step = tiny_loop(nan_at=4)
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for batch in batches:
+            train_step(batch)  # the user's loop, untouched
+    report = caught.value.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.reproduced) == (4, "input", False)
+    assert any("guard.step(fn, batch)" in note for note in report.notes)
+
+
+def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
+    model, optimizer, batches, train_step = tiny_loop()
+    with Guard(model, optimizer) as guard:
+        losses = guarded(guard, train_step, batches)
+    assert len(losses) == len(batches) and all(torch.isfinite(x) for x in losses)
+    assert guard.report is None
+    assert guard.monitor.result.steps_run == len(batches)
+
+
+def test_scaler_skips_are_events_not_failures():
+    model, optimizer, batches, _ = tiny_loop(steps=12)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)  # overflows a few times first
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    with Guard(model, optimizer, scaler) as guard:
+        guarded(guard, train_step, batches)
+    skips = [e for e in guard.monitor.result.events if e.kind == "scaler-skip"]
+    assert guard.report is None and len(skips) >= 2
+    assert [e.scale for e in skips] == [2.0**24 / 2**i for i in range(len(skips))]
+
+
+def test_a_nan_loss_in_one_micro_batch_is_not_hidden_by_the_next():
+    model, optimizer, batches, _ = tiny_loop()
+
+    def accumulate(micro_batches, poison_first=False):
+        optimizer.zero_grad()
+        for i, (x, y) in enumerate(micro_batches):
+            loss = F.cross_entropy(model(x), y)
+            if poison_first and i == 0:
+                loss = loss * float("nan")  # outside the model: the loss phase
+            (loss / len(micro_batches)).backward()
+        optimizer.step()
+
+    guard = Guard(model, optimizer)
+    guard.step(accumulate, batches[:2])
+    with pytest.raises(NonFiniteError) as caught:
+        guard.step(accumulate, batches[2:4], poison_first=True)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (1, "loss", "aten.mul.Tensor")
+
+
+def test_guard_leaves_no_hook_or_patch_behind():
+    from torch.nn.modules import module as nn_module
+
+    backward, scale = torch.autograd.backward, torch.amp.GradScaler.scale
+    hooks = len(nn_module._global_forward_hooks)
+    model, optimizer, batches, train_step = tiny_loop(nan_at=1)
+    with pytest.raises(NonFiniteError):
+        guarded(Guard(model, optimizer), train_step, batches)
+    with pytest.raises(NonFiniteError), Guard(model, optimizer):
+        train_step(batches[1])
+    assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
+    assert len(nn_module._global_forward_hooks) == hooks
+
+
+def test_guard_and_nonfinite_error_are_exported_from_the_package():
+    assert nandoctor.Guard is Guard and nandoctor.NonFiniteError is NonFiniteError

@@ -1,0 +1,153 @@
+"""The optional integrations: a Lightning Callback and a transformers TrainerCallback stop
+training at the first non-finite step with the report. Each runs only when its framework
+is installed (`pip install 'nandoctor[lightning]'` / `'nandoctor[transformers]'`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nandoctor.guard import NonFiniteError
+from nandoctor.integrations import MissingExtraError
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked"),
+    [
+        ("lightning", ["lightning", "lightning.pytorch", "pytorch_lightning"]),
+        ("transformers", ["transformers"]),
+    ],
+)
+def test_a_missing_framework_is_one_clear_importable_error(monkeypatch, module, blocked):
+    for name in blocked:
+        monkeypatch.setitem(sys.modules, name, None)  # NB: `import name` now raises
+    monkeypatch.delitem(sys.modules, f"nandoctor.integrations.{module}", raising=False)
+    with pytest.raises(MissingExtraError, match=f"needs {module}") as caught:
+        importlib.import_module(f"nandoctor.integrations.{module}")
+    assert isinstance(caught.value, ImportError)
+    assert f"nandoctor[{module}]" in caught.value.hint
+
+
+# -- Lightning ---------------------------------------------------------------------------
+def lightning_fit(callback, precision: str = "32-true", nan_batch: int = 3):
+    pl = pytest.importorskip("lightning.pytorch")
+
+    class Classifier(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    x[nan_batch * 8 + 2, 1] = float("nan")  # batches of 8, not shuffled
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    # NB: on the CPU, Lightning turns precision="16-mixed" into bf16; its plugin keeps fp16
+    # autocast with a GradScaler, the path a CUDA run takes
+    amp = {"plugins": [pl.plugins.MixedPrecision("16-mixed", "cpu")]}
+    trainer = pl.Trainer(
+        max_epochs=2,
+        callbacks=[callback],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **(amp if precision == "16-mixed" else {"precision": precision}),
+    )
+    trainer.fit(Classifier(), loader)
+    return trainer
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_lightning_callback_stops_at_the_bad_step_with_the_report(precision):
+    pytest.importorskip("lightning.pytorch")
+    from nandoctor.integrations.lightning import NandoctorCallback
+
+    callback = NandoctorCallback()
+    with pytest.raises(NonFiniteError) as caught:
+        lightning_fit(callback, precision)
+    report = caught.value.report
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (3, "input")
+    assert report.environment.grad_scaler is (precision == "16-mixed")
+    assert callback.report is report
+
+
+def test_lightning_callback_can_stop_gracefully():
+    pytest.importorskip("lightning.pytorch")
+    from nandoctor.integrations.lightning import NandoctorCallback
+
+    callback = NandoctorCallback(raise_error=False)
+    trainer = lightning_fit(callback)
+    assert callback.report.first_nonfinite.step == 3
+    assert trainer.global_step == 4  # it stopped at the end of the bad step's batch
+
+
+# -- transformers ------------------------------------------------------------------------
+class Tiny(nn.Module):
+    """A model the Trainer accepts (it returns its loss); NaN enters at forward `nan_at`."""
+
+    def __init__(self, nan_at: int) -> None:
+        super().__init__()
+        self.net, self.calls, self.nan_at = nn.Linear(8, 3), 0, nan_at
+
+    def forward(self, x, labels=None):
+        if self.training:
+            x = x * float("nan") if self.calls == self.nan_at else x
+            self.calls += 1
+        logits = self.net(x)
+        return {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+
+def transformers_train(callback, tmp_path, nan_at: int = 3):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    torch.manual_seed(0)
+    data = [{"x": torch.randn(8), "labels": torch.tensor(i % 3)} for i in range(64)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=10,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=Tiny(nan_at), args=args, train_dataset=data, callbacks=[callback]
+    )
+    trainer.train()
+    return trainer
+
+
+def test_transformers_callback_stops_at_the_bad_step_with_the_report(tmp_path):
+    pytest.importorskip("transformers")
+    from nandoctor.integrations.transformers import NandoctorCallback
+
+    callback = NandoctorCallback()
+    with pytest.raises(NonFiniteError) as caught:
+        transformers_train(callback, tmp_path)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase) == (3, "forward")  # the model returns its loss
+
+
+def test_transformers_callback_can_stop_gracefully(tmp_path):
+    pytest.importorskip("transformers")
+    from nandoctor.integrations.transformers import NandoctorCallback
+
+    callback = NandoctorCallback(raise_error=False)
+    trainer = transformers_train(callback, tmp_path)
+    assert callback.report.first_nonfinite.step == 3
+    assert trainer.state.global_step == 4

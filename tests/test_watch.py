@@ -1,0 +1,126 @@
+"""`nandoctor watch -- CMD...` as users run it: a plain script, unchanged, in a subprocess
+with the sentinel attached; exit 1 at the first bad step, the script's own code otherwise.
+
+The subprocesses run this interpreter (`sys.executable`), as `python` would in a venv.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import nandoctor.cli.watch  # noqa: F401  (registers the command until cli/__init__ imports it)
+from nandoctor.cli import app
+from tests.conftest import CONFIGS
+from tests.scripts import seed_fp16_nan as seed
+from tests.scripts.expected import SCRIPTS, SEED_SCRIPT, line_of, seed_diagnosis
+
+PY = sys.executable
+
+
+def watch(tmp_path: Path, *command: str, options: tuple[str, ...] = ()) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["watch", "--json", str(out), *options, "--", *command])
+    assert out.exists(), result.output
+    return result.exit_code, json.loads(out.read_text())
+
+
+def test_the_seed_script_mirrors_its_config():
+    config = yaml.safe_load((CONFIGS / "seed-fp16-nan.yaml").read_text())
+    assert config["model_args"] == seed.MODEL_ARGS and config["data_args"] == seed.DATA_ARGS
+    assert config["optimizer"] == {"name": "SGD", "lr": seed.LR, "momentum": seed.MOMENTUM}
+    assert config["precision"] == {
+        "dtype": "float16",
+        "grad_scaler": True,
+        "init_scale": seed.INIT_SCALE,
+    }
+    assert (config["seed"], config["steps"], config["clip_grad_norm"]) == (
+        seed.SEED,
+        seed.STEPS,
+        None,
+    )
+    assert config["loss"] == "nandoctor.examples.seed:handwritten_loss"  # the script's own loss
+
+
+def test_the_seed_script_fails_under_watch_where_diagnose_says(tmp_path):
+    code, report = watch(tmp_path, PY, str(SEED_SCRIPT))
+    expected = seed_diagnosis()
+    first, want = report["first_nonfinite"], expected["first_nonfinite"]
+    assert code == 1 and report["status"] == "nonfinite" and report["command"] == "watch"
+    assert (first["step"], first["phase"]) == (want["step"], want["phase"])
+    assert (first["op"], first["tensor"], first["reproduced"]) == (want["op"], "output", True)
+    assert first["source"].endswith(f"seed_fp16_nan.py:{line_of(SEED_SCRIPT, 'torch.log(')}")
+    assert [c["id"] for c in report["causes"]] == [c["id"] for c in expected["causes"]]
+    assert report["events"] == expected["events"]
+    assert report["steps_completed"] == expected["steps_completed"]
+    assert report["environment"]["dtype"] == "float16" and report["environment"]["grad_scaler"]
+
+
+@pytest.mark.parametrize(("exit_code", "status"), [(0, "healthy"), (7, "error")])
+def test_a_healthy_script_passes_with_its_own_exit_code(tmp_path, exit_code, status):
+    code, report = watch(tmp_path, PY, str(SCRIPTS / "healthy.py"), str(exit_code), "5")
+    assert code == exit_code
+    assert report["status"] == status and report["first_nonfinite"] is None
+    assert report["steps_completed"] == 5  # optimizer steps; the no_grad evaluation is not one
+    assert report["environment"]["dtype"] == "float32"
+
+
+def test_continue_lets_the_script_finish_and_still_exits_1(tmp_path, capfd):
+    script = str(SCRIPTS / "nan_input.py")
+    code, report = watch(tmp_path, PY, script, "3", "6", options=("--continue", "--no-replay"))
+    assert code == 1 and "trained 6 steps" in capfd.readouterr().out
+    assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (3, "input")
+    assert report["causes"][0]["id"] == "nonfinite-input"
+
+
+def test_python_dash_m_is_watched_too(tmp_path, capfd):
+    code, report = watch(
+        tmp_path, PY, "-m", "tests.scripts.nan_input", "2", "6", options=("--no-replay",)
+    )
+    assert code == 1 and "trained" not in capfd.readouterr().out  # stopped at the bad step
+    assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (2, "input")
+
+
+def test_arguments_reach_the_command_verbatim_never_through_a_shell(tmp_path, capfd):
+    odd = "$(touch pwned); rm -rf * `x` 'q' \"dq\" --lr 3"
+    print_args = "import sys; print(repr(sys.argv[1:]))"
+    code, _ = watch(tmp_path, PY, "-c", print_args, odd, "--json", "x")
+    assert code == 0 and repr([odd, "--json", "x"]) in capfd.readouterr().out
+    assert not (Path.cwd() / "pwned").exists()
+
+
+def test_a_command_that_never_imports_torch_keeps_its_exit_code(tmp_path):
+    # NB: the bootstrap itself must not import torch (nor make `import nandoctor` do it)
+    no_torch = "import sys; assert 'torch' not in sys.modules; raise SystemExit(4)"
+    code, report = watch(tmp_path, PY, "-c", no_torch)
+    assert code == 4 and report["status"] == "error" and report["steps_completed"] == 0
+    assert any("not attached" in note for note in report["notes"])
+
+
+def test_a_users_own_sitecustomize_still_runs(tmp_path, capfd, monkeypatch):
+    theirs = tmp_path / "site"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import builtins; builtins.THEIRS = 42\n")
+    monkeypatch.setenv("PYTHONPATH", str(theirs))
+    code, _ = watch(tmp_path, PY, "-c", "print('theirs', THEIRS)")
+    assert code == 0 and "theirs 42" in capfd.readouterr().out
+
+
+def test_usage_errors_exit_2_with_one_line():
+    runner = CliRunner()
+    assert runner.invoke(app, ["watch"]).exit_code == 2
+    missing = runner.invoke(app, ["watch", "--", "no-such-command-for-nandoctor"])
+    assert missing.exit_code == 2 and "cannot run 'no-such-command-for-nandoctor'" in missing.output
+
+
+def test_a_rerun_that_fails_elsewhere_keeps_the_first_verdict_and_says_why(tmp_path):
+    state = tmp_path / "state"
+    code, report = watch(tmp_path, PY, str(SCRIPTS / "unseeded.py"), str(state))
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"], first["reproduced"]) == (3, "input", False)
+    assert any("not deterministic" in note for note in report["notes"])
