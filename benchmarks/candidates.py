@@ -99,12 +99,25 @@ class TransformersDebug(Candidate):
         self._debug = DebugUnderflowOverflow(session.model, max_frames_to_save=21)
 
 
-def _watch_candidate() -> Callable[[Session], Candidate] | None:
-    try:
-        from nandoctor.watch.hooks import attach  # noqa: F401  (nandoctor watch's global hooks)
-    except ImportError:
-        return None
-    return None
+class Watch(Candidate):
+    """`nandoctor watch`'s global hooks and monitor on the plain loop (what a watched script
+    pays). NB: attached around each step, since global hooks would slow every candidate."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        from nandoctor.guard.hooks import StepHooks
+        from nandoctor.guard.monitor import Monitor
+        from nandoctor.guard.run import Run
+
+        run = Run()
+        self.monitor = Monitor(run)
+        self.hooks = StepHooks(run, self.monitor, model=session.model)
+
+    def step(self, step: int, batch: Any) -> None:
+        with self.hooks:
+            plain_step(self.session, batch)
+        for _ in self.monitor.collect():
+            pass
 
 
 def available() -> dict[str, Callable[[Session], Candidate]]:
@@ -114,6 +127,7 @@ def available() -> dict[str, Callable[[Session], Candidate]]:
         "sentinel": WithSentinel,
         "sentinel+snapshots": WithSnapshots,
         "anomaly": Anomaly,
+        "watch": Watch,
     }
     try:
         import transformers.debug_utils  # noqa: F401

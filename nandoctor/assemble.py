@@ -30,7 +30,35 @@ def build_report(
     result: RunResult,
     located: Localization | None = None,
 ) -> Report:
+    """A report of a run nandoctor built from a config (diagnose, baseline)."""
     notes = session_notes(session)
+    if result.status == "timeout":
+        notes.append(
+            f"time budget: stopped after {result.steps_run} of {loaded.config.steps} steps; "
+            "the steps run are judged, the rest are not"
+        )
+    return report_from(
+        command,
+        str(loaded.path),
+        environment_of(session),
+        result,
+        located,
+        notes,
+        loaded.config.name,
+    )
+
+
+def report_from(
+    command: str,
+    config: str,
+    environment: Environment,
+    result: RunResult,
+    located: Localization | None,
+    notes: list[str],
+    name: str | None = None,
+) -> Report:
+    """The report of any run the sentinel watched: diagnose's, or a guarded user loop's."""
+    notes = list(notes)
     if located is not None and located.reproduced and located.note:
         notes.append(located.note)
     if located is not None and not located.reproduced:
@@ -39,19 +67,14 @@ def build_report(
             "the failure is nondeterministic or transient"
             + (f" ({located.note})" if located.note else "")
         )
-    if result.status == "timeout":
-        notes.append(
-            f"time budget: stopped after {result.steps_run} of {loaded.config.steps} steps; "
-            "the steps run are judged, the rest are not"
-        )
     timing = {"run_s": round(result.seconds, 3)}
     if located is not None:
         timing["replay_s"] = round(located.seconds, 3)
     return Report(
         command=command,
-        config=str(loaded.path),
-        name=loaded.config.name,
-        environment=environment_of(session),
+        config=config,
+        name=name,
+        environment=environment,
         status="healthy" if result.status == "timeout" else result.status,
         steps_completed=result.steps_completed,
         summary=summarize(result, located),

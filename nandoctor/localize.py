@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -84,7 +83,7 @@ def _replay(
     loss_scale: float | None,
     light: bool = False,
 ) -> Localization:
-    batches = _rewind(store, step)
+    batches = store.rewind_for_replay(step)
     update = None
     for s, batch in batches[:-1]:  # re-run the steps in between, measuring their updates
         before = [p.detach().clone() for p in session.params]
@@ -109,16 +108,6 @@ def _replay(
         seconds=time.perf_counter() - started,
         note=note,
     )
-
-
-def _rewind(store: SnapshotStore, step: int) -> list[tuple[int, Any]]:
-    """From a snapshot before `step` when one is kept, to measure the updates leading to it."""
-    if step > store.session.start_step:
-        try:
-            return [*store.rewind_to(step - 1, earliest=True), store.batch_at(step)]
-        except LookupError:
-            pass
-    return store.rewind_to(step)
 
 
 def update_ratio(session: Session, step: int, before: list[torch.Tensor]) -> UpdateRatio:

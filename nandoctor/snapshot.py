@@ -170,6 +170,16 @@ class SnapshotStore:
         snapshot.restore(self.session)
         return [(s, self._batches[s]) for s in range(snapshot.step, step + 1)]
 
+    def rewind_for_replay(self, step: int) -> list[tuple[int, Any]]:
+        """Rewind as far back as the kept snapshots reach (the steps before `step` are
+        replayed too, so their updates can be measured); never past `start_step`."""
+        if step > self.session.start_step:
+            try:
+                return [*self.rewind_to(step - 1, earliest=True), self.batch_at(step)]
+            except LookupError:
+                pass
+        return self.rewind_to(step)
+
     def batch_at(self, step: int) -> tuple[int, Any]:
         if step not in self._batches:
             raise LookupError(f"the batch of step {step} is no longer kept")

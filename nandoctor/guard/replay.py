@@ -114,7 +114,7 @@ def localize_step(
 def _replay(
     state: TrainState, store: SnapshotStore, step: int, started: float, loss_scale: float | None
 ) -> Localization:
-    batches = _rewind(store, step)
+    batches = store.rewind_for_replay(step)
     update = None
     for s, kept in batches[:-1]:  # re-run the steps in between, measuring their updates
         before = [p.detach().clone() for p in state.params]
@@ -143,14 +143,3 @@ def _traced(state: TrainState, step: int, kept: KeptStep) -> tuple:
         kept.fn(*args, **kwargs)
         hooks.end()
     return tracer.finding, tracer.modules.stats()
-
-
-def _rewind(store: SnapshotStore, step: int) -> list[tuple[int, Any]]:
-    """From the oldest snapshot that reaches `step`, to measure the updates leading to it
-    (as `localize` does: the last update actually taken is the one the rules read)."""
-    if step > store.session.start_step:
-        try:
-            return [*store.rewind_to(step - 1, earliest=True), store.batch_at(step)]
-        except LookupError:
-            pass
-    return store.rewind_to(step)
