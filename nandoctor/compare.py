@@ -74,7 +74,7 @@ def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareR
     if on_run is not None:
         on_run(name, session)
     headroom = HeadroomProbe(session.model)
-    result = fast_run(session, loaded.config.steps, on_step=on_step, probe=headroom)
+    result = fast_run(session, loaded.config.steps, on_step=on_step, probe=headroom, thorough=True)
     return _summary(name, session, result, headroom), result.status == "interrupted"
 
 

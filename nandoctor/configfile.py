@@ -10,6 +10,7 @@ key, and once into plain data for pydantic.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -112,8 +113,12 @@ def format_validation_error(
 
 
 def _clean_loc(err: Any) -> Loc:
-    # NB: pydantic puts validator names such as 'function-after[...]' into the location.
-    return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    # NB: pydantic puts validator names such as 'function-after[...]' into the location;
+    # a user's key may look alike ('function-'), so only the bracketed form is dropped.
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and _VALIDATOR.match(p)))
+
+
+_VALIDATOR = re.compile(r"^function-(after|before|wrap|plain)\[")
 
 
 def _format_one(path: Path, err: Any, lines: dict[Loc, int]) -> str:
@@ -151,6 +156,8 @@ def _dotted(loc: Loc) -> str:
 
 
 def _did_you_mean(loc: Loc) -> str:
+    if not loc:
+        return ""
     known = _known_keys(loc[:-1])
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     if close:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -79,7 +79,8 @@ def diagnose(
     failure = result.failure
     if failure is not None and failure.step is not None:
         try:
-            located, per_rank = _localize(session, store, failure)
+            located, per_rank, result.failure = _localize(session, store, failure)
+            failure = result.failure
         except KeyboardInterrupt:
             interrupted = True
     report = build_report("diagnose", loaded, session, result, located)
@@ -99,11 +100,31 @@ def diagnose(
     return report
 
 
-def _localize(session: Session, store: SnapshotStore, failure: Verdict) -> tuple[Any, Any]:
-    """Replay the bad step (on every rank in lockstep); the origin rank's finding first."""
+def _localize(session: Session, store: SnapshotStore, failure: Verdict) -> tuple[Any, Any, Verdict]:
+    """Replay the bad step (on every rank in lockstep): the origin rank's finding, every
+    rank's, and the failure, moved one step back when an update broke the weights."""
     collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
     scale = failure.reading.scale if collapsed else None
-    located = localize(session, store, failure.step, loss_scale=scale)
+    located, per_rank = _replay_on_ranks(session, store, failure, failure.step, scale)
+    found = located.finding
+    if (
+        found is not None
+        and found.phase is Phase.PARAMETERS
+        and failure.phase is not Phase.PARAMETERS  # not a bad checkpoint: an earlier update
+        and failure.step > session.start_step
+    ):
+        earlier, earlier_ranks = _replay_on_ranks(session, store, failure, failure.step - 1, None)
+        if earlier.finding is not None and earlier.finding.phase is Phase.OPTIMIZER:
+            why = "the optimizer's update made parameters non-finite (the next step met them)"
+            moved = replace(failure, step=failure.step - 1, phase=Phase.OPTIMIZER, why=why)
+            return earlier, earlier_ranks, moved
+    return located, per_rank, failure
+
+
+def _replay_on_ranks(
+    session, store, failure: Verdict, step: int, scale: float | None
+) -> tuple[Any, Any]:
+    located = localize(session, store, step, loss_scale=scale)
     if session.ranks is None:
         return located, None
     per_rank = session.ranks.gather_objects(located)

@@ -53,6 +53,7 @@ def fast_run(
     store: SnapshotStore | None = None,
     deadline: float | None = None,
     skip_nonfinite_batches: bool = False,
+    thorough: bool = False,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
@@ -62,7 +63,7 @@ def fast_run(
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     """
     result = RunResult("healthy", session.start_step, 0)
-    sentinel = Sentinel(session)
+    sentinel = Sentinel(session, thorough=thorough)
     started = result._last_verdict_at = time.perf_counter()
     try:
         with Probes(sentinel, probe) as probes:

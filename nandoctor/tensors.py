@@ -64,15 +64,57 @@ def _grouped_norms(
 
 
 def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The global L2 norm of `tensors`: NaN or inf exactly when an element is.
+    """The global L2 norm of `tensors`, accumulated in float32, for telemetry.
 
-    NB: accumulated in float64. In float32 the squares of finite values near 1e19
-    overflow, and a diverging run's huge but finite gradients would read as non-finite.
+    NB: finite values beyond ~1e19 overflow float32 squares: this norm is then inf. It is
+    never the finite check: `nonfinite` is, exactly.
     """
     if not tensors:
-        return torch.zeros((), dtype=torch.float64, device=device)
-    norms = _grouped_norms(tensors, 2.0, torch.float64)
+        return torch.zeros((), device=device)
+    norms = _grouped_norms(tensors, 2.0)
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+
+
+def nonfinite(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """True (a 0-dim bool on `device`) when any element of `tensors` is NaN or inf.
+
+    Exact, unlike a norm or a sum, which finite values can overflow. NB: the fastest form
+    differs by device: on the CPU, each tensor's min and max (NaN propagates into both);
+    on CUDA, one fused float64 L1 norm per dtype group instead of a kernel per tensor.
+    """
+    tensors = [
+        t.detach() for t in tensors if (t.is_floating_point() or t.is_complex()) and t.numel()
+    ]
+    if not tensors:
+        return torch.zeros((), dtype=torch.bool, device=device)
+    if device.type == "cpu":
+        sums = [
+            t.sum(dtype=torch.float64) if t.is_floating_point() else t.abs().sum() for t in tensors
+        ]
+    else:
+        sums = _grouped_norms(tensors, 1.0, torch.float64)
+    return ~torch.isfinite(torch.stack([s.to(device) for s in sums])).all()
+
+
+def gradient_check(
+    grads: Sequence[torch.Tensor], device: torch.device, clip_norm: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(global L2 norm, any NaN or inf) of the gradients, the check exact.
+
+    NB: a norm's squares overflow for huge finite gradients (~1e19 and up), so a norm is
+    never the check by itself. On CUDA one fused float64 pass gives both (float64 squares
+    hold up to 1e154); on the CPU, where float64 norms are slow, a float32 norm (clip's,
+    when it made one) for telemetry and an exact `nonfinite` pass.
+    """
+    if device.type == "cuda" and grads:
+        norm = torch.linalg.vector_norm(torch.stack(_grouped_norms(grads, 2.0, torch.float64)))
+        return norm, ~torch.isfinite(norm)
+    norm = clip_norm.detach() if clip_norm is not None else total_norm(grads, device)
+    return norm, nonfinite(grads, device)
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    return t.abs() if t.is_complex() else t.reshape(-1) if t.dim() == 0 else t
 
 
 def absmax(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:

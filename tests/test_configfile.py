@@ -129,3 +129,9 @@ def test_overrides_reach_into_precision(project):
     loaded = load_config(project(MINIMAL)).with_overrides(dtype="bfloat16", steps=3, seed=None)
     assert loaded.config.precision.dtype == "bfloat16"
     assert loaded.config.steps == 3 and loaded.config.seed == 0
+
+
+def test_a_key_that_looks_like_a_pydantic_validator_name(project):
+    """Found by hypothesis: pydantic names validators 'function-after[...]' in locations."""
+    message = error_of(project, MINIMAL + "function-: 1\n")
+    assert ":4: unknown key 'function-'; expected one of: name, python_path, model" in message

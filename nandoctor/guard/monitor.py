@@ -26,7 +26,7 @@ from nandoctor.probes.base import Phase, Probe, StepContext
 from nandoctor.probes.sentinel import Judge, Reading, Verdict
 from nandoctor.replay import RunResult
 from nandoctor.telemetry import Event
-from nandoctor.tensors import absmax, floating, total_norm
+from nandoctor.tensors import floating, nonfinite, total_norm
 
 _FLAGS = ("params_before", "input", "forward", "loss_bad", "grads", "params")
 _VALUES = ("loss", "grad_norm", "scale")
@@ -52,22 +52,22 @@ class Monitor(Probe):
         if self._started is None:
             self._started = time.perf_counter()
         if not self._params_checked and self.run.params:
-            self._flags["params_before"] = _bad(absmax(self.run.params, self._device()))
+            self._flags["params_before"] = nonfinite(self.run.params, self._device())
             self._params_checked = True
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         device = self._device()
         if phase is Phase.INPUT:
-            self._or("input", _bad(absmax(floating(ctx.batch), device)))
+            self._or("input", nonfinite(floating(ctx.batch), device))
         elif phase is Phase.FORWARD:
-            self._or("forward", _bad(absmax(floating(ctx.output), device)))
+            self._or("forward", nonfinite(floating(ctx.output), device))
         elif phase is Phase.LOSS and ctx.loss is not None:
             self._flags["loss"] = ctx.loss.to(device)
             self._flags["loss_bad"] = _bad(self._flags["loss"])
         elif phase is Phase.BACKWARD:
             self._grads_ended(device)
         elif phase is Phase.OPTIMIZER:
-            self._flags["params"] = _bad(absmax(self.run.params, device))
+            self._flags["params"] = nonfinite(self.run.params, device)
 
     def _grads_ended(self, device: torch.device) -> None:
         grads = [p.grad for p in self.run.params if p.grad is not None]
@@ -79,7 +79,7 @@ class Monitor(Probe):
         else:
             self._flags.pop("scale", None)
         self._flags["grad_norm"] = norm
-        self._flags["grads"] = _bad(norm)
+        self._flags["grads"] = nonfinite(grads, device)  # NB: exact; the norm can overflow
 
     def step_ended(self, ctx: StepContext) -> None:
         device = self._device()

@@ -23,7 +23,7 @@ import torch
 
 from nandoctor import amp
 from nandoctor.probes.base import Phase, Probe, StepContext
-from nandoctor.tensors import absmax, floating, total_norm
+from nandoctor.tensors import floating, gradient_check, nonfinite
 
 if TYPE_CHECKING:
     from nandoctor.session import Session
@@ -81,7 +81,15 @@ class Verdict:
 class Sentinel(Probe):
     """Watches every step of a session; `collect()` yields the verdicts as they arrive."""
 
-    def __init__(self, session: Session, *, defer: bool | None = None) -> None:
+    def __init__(
+        self, session: Session, *, defer: bool | None = None, thorough: bool = False
+    ) -> None:
+        """`thorough` also checks the model's output and the weights after each update
+        (two more passes a step): exact phases without a replay, for `compare`. `diagnose`
+        leaves them to the replay, which names the phase anyway: a non-finite output shows
+        in the loss, and weights an update broke show at the next step, which the replay
+        traces back to that update."""
+        self.thorough = thorough
         self.device = session.device
         self.ranks = session.ranks
         self.defer = self.device.type == "cuda" if defer is None else defer
@@ -93,32 +101,29 @@ class Sentinel(Probe):
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
         self._flags = {}
-        if not self._checked_params_once:  # later steps: the previous update's check covers it
-            self._flags["params_before"] = _bad(absmax(ctx.session.params, self.device))
+        if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
+            self._flags["params_before"] = nonfinite(ctx.session.params, self.device)
             self._checked_params_once = True
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         flags = self._flags
         if phase is Phase.INPUT:
-            flags["input"] = _bad(absmax(floating(ctx.batch), self.device))
-        elif phase is Phase.FORWARD:
-            bad = _bad(absmax(floating(ctx.output), self.device))
+            flags["input"] = nonfinite(floating(ctx.batch), self.device)
+        elif phase is Phase.FORWARD and self.thorough:
+            bad = nonfinite(floating(ctx.output), self.device)
             flags["forward"] = flags["forward"] | bad if "forward" in flags else bad
         elif phase is Phase.LOSS:
             flags["loss"] = ctx.loss.detach().float()
             flags["loss_bad"] = _bad(flags["loss"])
         elif phase is Phase.BACKWARD:
             self._grads_ended(ctx)
-        elif phase is Phase.OPTIMIZER:
-            flags["params"] = _bad(absmax(ctx.session.params, self.device))
+        elif phase is Phase.OPTIMIZER and self.thorough:
+            flags["params"] = nonfinite(ctx.session.params, self.device)
 
     def _grads_ended(self, ctx: StepContext) -> None:
-        # NB: our own float64 norm, not clip's: clip_grad_norm_ sums squares in the grads'
-        # dtype, where finite gradients can overflow (and clip then zeroes them, harmlessly)
         grads = [p.grad for p in ctx.session.params if p.grad is not None]
-        norm = total_norm(grads, self.device)
-        self._flags["grad_norm"] = norm.detach()
-        self._flags["grads"] = _bad(norm)
+        norm, bad = gradient_check(grads, self.device, ctx.grad_norm)
+        self._flags["grad_norm"], self._flags["grads"] = norm, bad
         local = self.ranks.local_grads_bad() if self.ranks is not None else None
         self._flags["local_grads"] = local if local is not None else self._flags["grads"]
         scale = amp.scale_tensor(ctx.session.scaler)
