@@ -239,3 +239,36 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     from nandoctor.tensors import iter_tensors
 
     return iter_tensors(obj)
+
+
+def peak_memory(workload: Workload, size: str, device: str, steps: int = 40) -> dict[str, float]:
+    """Peak resident memory (MiB) of a fresh process stepping the plain loop, and one
+    stepping what `diagnose` runs (sentinel and snapshots): the snapshots' real cost."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = {}
+    root = Path(__file__).resolve().parent.parent
+    for mode in ("plain", "sentinel+snapshots"):
+        code = (
+            "from benchmarks.measure import _peak_child; "
+            f"_peak_child({workload.name!r}, {size!r}, {device!r}, {steps}, {mode!r})"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+        )
+        out[mode] = float(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _peak_child(name: str, size: str, device: str, steps: int, mode: str) -> None:
+    import resource
+
+    from benchmarks.workloads import WORKLOADS
+
+    loaded = WORKLOADS[name].config(size, steps, device)
+    cand = available()[mode](build_session(loaded))
+    _run(cand, [b for _, b in itertools.islice(cand.session.batches, steps)])
+    cand.close()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux

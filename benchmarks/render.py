@@ -111,6 +111,9 @@ def _step_table(results: dict) -> list[str]:
         "`DebugUnderflowOverflow` (with the `bench` extra installed); `watch` is",
         "`nandoctor watch`'s global hooks on the plain loop.",
         "",
+        "On this shared 2-core machine a run's noise (the ranges) is larger than the",
+        "sentinel's cost on the transformer: its median can land below 1.",
+        "",
     ]
     return out
 
@@ -159,6 +162,18 @@ def _diagnosis(results: dict) -> list[str]:
         f"Weights, buffers and optimizer state: {m['state_mb']:.2f} MiB. The store holds {m['snapshots_mb']:.2f} MiB:",  # noqa: E501
         f"two snapshots plus {m['batches_mb']:.2f} MiB of batches (the ring since the older snapshot, taken every {m['every']} steps),",  # noqa: E501
         f"that is **{m['ratio']:.2f}x** the state besides the batches (target at most 2x).",
+        "",
+        *_peak(results.get("peak_memory_mb")),
+    ]
+
+
+def _peak(peak: dict | None) -> list[str]:
+    if not peak:
+        return []
+    plain, ours = peak["plain"], peak["sentinel+snapshots"]
+    return [
+        f"Peak resident memory of a fresh process running 40 steps: plain loop {plain:.0f} MiB,",
+        f"sentinel and snapshots {ours:.0f} MiB ({ours - plain:+.0f} MiB, snapshots included).",
         "",
     ]
 

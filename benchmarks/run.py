@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     results["replay_cost"] = dataclasses.asdict(measure.replay_cost(focus, args.size, args.device))
     memory = measure.snapshot_memory(focus, args.size, args.device)
     results["snapshot_memory"] = {**dataclasses.asdict(memory), "ratio": memory.ratio}
+    results["peak_memory_mb"] = measure.peak_memory(focus, args.size, args.device)
     text = render_markdown(
         results, command=" ".join(["python -m benchmarks", *(argv or sys.argv[1:])])
     )
