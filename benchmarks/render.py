@@ -6,6 +6,15 @@ from pathlib import Path
 
 TARGETS = {"sentinel_overhead": 0.03, "time_to_diagnosis": 1.3, "snapshot_memory": 2.0}
 
+GPU = """\
+## On a GPU
+
+`bash benchmarks/gpu_check.sh` runs the CUDA tests, diagnoses the shipped examples with
+CUDA autocast, and runs this benchmark at GPU sizes, counting blocking device
+synchronisations with torch's sync debug mode. No GPU was available when the figures
+above were measured; they are CPU figures.
+"""
+
 WHY = """\
 ## Why the sentinel is cheap
 
@@ -48,6 +57,7 @@ def render_markdown(results: dict, command: str) -> str:
         *_step_table(results),
         *_reads(results),
         *_diagnosis(results),
+        GPU if not m.get("gpu") else "",
         WHY,
     ]
     return "\n".join(lines).rstrip() + "\n"
