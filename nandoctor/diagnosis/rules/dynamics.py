@@ -106,27 +106,3 @@ def grad_scaler_collapse(case: Case) -> Hit | None:
             "the unscaled gradients exceed 65504"
         )
     return Hit(0.88 if overflow else 0.6, evidence)
-
-
-def _gradients_led(case: Case, evidence: list[str]) -> float:
-    """Confidence from which diverged first: the gradients (exploding) or the loss (lr)."""
-    t = case.trends
-    led = t.grad_onset is not None and (t.loss_onset is None or t.grad_onset < t.loss_onset)
-    if led and t.loss_onset is not None:
-        evidence.append(
-            f"the gradients ran away first, from step {t.grad_onset}; the loss only from "
-            f"step {t.loss_onset}"
-        )
-        return 0.85
-    if t.loss_onset is None and (t.loss_late_slope or 0) <= 0 and (t.loss_rise or 1) < 1.3:
-        evidence.append("though the loss kept improving: the gradients grew with the model's scale")
-        return 0.35
-    if led:
-        evidence.append(f"the gradients ran away from step {t.grad_onset}")
-        return 0.6
-    return 0.5
-
-
-def _gradient_overflow(case: Case) -> bool:
-    overflow = case.first.value in ("inf", "-inf", "mixed")
-    return case.first.phase == "backward" and overflow and not case.facts.collapsed

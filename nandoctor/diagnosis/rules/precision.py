@@ -94,22 +94,3 @@ def fully_masked_softmax(case: Case) -> Hit | None:
             )
         ],
     )
-
-
-def _optimizer_eps(case: Case) -> Hit | None:
-    eps, dtype = case.facts.eps, case.facts.param_dtype
-    if eps is None or case.op not in ("div", "addcdiv", "sqrt", "add"):
-        return None
-    if eps == 0:
-        return Hit(
-            0.9,
-            [
-                (
-                    f"the optimizer {case.facts.optimizer} runs with eps=0: a parameter whose "
-                    f"gradient is exactly 0 gets 0/0 = NaN in {case.first.op}"
-                )
-            ],
-        )
-    if dtype == "float16" and eps < FLOAT16_ROUNDS_TO_ZERO:
-        return Hit(0.9, [f"the optimizer's eps={eps:g} is 0 in the float16 parameters' dtype"])
-    return None
