@@ -39,15 +39,11 @@ def log_of_zero(case: Case) -> Hit | None:
         return None
     made = case.producers(1)
     origin = f" (made by {made[0].op})" if made else ""
-    return Hit(
-        0.85,
-        [
-            (
-                f"{case.first.op}{where(case)} met {case.zeros_in_inputs} exact zero(s){origin}: "
-                f"the result is {case.first.value}"
-            )
-        ],
+    sentence = (
+        f"{case.first.op}{where(case)} met {case.zeros_in_inputs} exact zero(s){origin}: "
+        f"the result is {case.first.value}"
     )
+    return Hit(0.85, [sentence])
 
 
 @rule("division-by-zero")
@@ -60,15 +56,11 @@ def division_by_zero(case: Case) -> Hit | None:
     made = case.producers(1, feeds="other")
     source = f", made by {made[0].op}" if made else ""
     kind = "0/0 = NaN" if case.first.value == "nan" else "x/0 = inf"
-    return Hit(
-        0.85,
-        [
-            (
-                f"{case.first.op}{where(case)} divided by {denominator.zeros} exact zero(s) in its "
-                f"denominator{source}: {kind}"
-            )
-        ],
+    sentence = (
+        f"{case.first.op}{where(case)} divided by {denominator.zeros} exact zero(s) in its "
+        f"denominator{source}: {kind}"
     )
+    return Hit(0.85, [sentence])
 
 
 @rule("invalid-domain")
@@ -118,13 +110,9 @@ def nondifferentiable_point(case: Case) -> Hit | None:
         return None
     zeros = case.zeros_in_inputs
     detail = f" (its backward met {zeros} exact zero(s))" if zeros else ""
-    return Hit(
-        0.9,
-        [
-            (
-                f"the backward of {case.evidence.backward_of}{where(case)} made "
-                f"{case.first.value}{detail}: its derivative is infinite where the forward input "
-                "is 0 (or at ±1 for acos/asin), though the forward value is finite"
-            )
-        ],
+    sentence = (
+        f"the backward of {case.evidence.backward_of}{where(case)} made "
+        f"{case.first.value}{detail}: its derivative is infinite where the forward input "
+        "is 0 (or at ±1 for acos/asin), though the forward value is finite"
     )
+    return Hit(0.9, [sentence])

@@ -11,15 +11,11 @@ def nonfinite_input(case: Case) -> Hit | None:
     f = case.first
     if f.phase != "input":
         return None
-    return Hit(
-        0.99,
-        [
-            (
-                f"the batch of step {f.step} held {f.count_nonfinite} {f.value} value(s) in "
-                f"{f.tensor} ({f.dtype} {f.shape}) before any op ran"
-            )
-        ],
+    sentence = (
+        f"the batch of step {f.step} held {f.count_nonfinite} {f.value} value(s) in "
+        f"{f.tensor} ({f.dtype} {f.shape}) before any op ran"
     )
+    return Hit(0.99, [sentence])
 
 
 @rule("nonfinite-parameters")

@@ -84,13 +84,9 @@ def fully_masked_softmax(case: Case) -> Hit | None:
     if masked == 0:
         return None
     confidence = 0.92 if case.op in SOFTMAXES else 0.7
-    return Hit(
-        confidence,
-        [
-            (
-                f"{case.first.op}{where(case)} received {masked} -inf value(s) and made "
-                f"{case.first.count_nonfinite} NaN: a row that is entirely -inf gives "
-                "exp(-inf)/sum = 0/0"
-            )
-        ],
+    sentence = (
+        f"{case.first.op}{where(case)} received {masked} -inf value(s) and made "
+        f"{case.first.count_nonfinite} NaN: a row that is entirely -inf gives "
+        "exp(-inf)/sum = 0/0"
     )
+    return Hit(confidence, [sentence])
