@@ -40,3 +40,17 @@ def test_healthy_markdown(tmp_path):
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite = "healthy", None
     assert render_markdown(report).startswith("## ✅ nandoctor diagnose: healthy")
+
+
+def test_markdown_lists_the_health_checks(tmp_path):
+    from nandoctor.gate import Check, Gate
+
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "healthy", None
+    report.gate = Gate("b.json", [Check("final loss", False, "worse by 20%")])
+    text = render_markdown(report)
+    assert text.startswith("## ❌ nandoctor diagnose: a numeric-health check failed")
+    assert (
+        "### Numeric health against `b.json`" in text
+        and "| final loss | ❌ | worse by 20% |" in text
+    )

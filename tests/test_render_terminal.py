@@ -94,3 +94,30 @@ def test_quiet_output_is_a_few_plain_lines(tmp_path):
         "  cpu float16 grad_scaler=True threads=2",
     ]
     assert "\x1b[" not in render(failing_report(tmp_path), quiet=True)  # no colour codes
+
+
+def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
+    from nandoctor.gate import Check, Gate
+
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite, report.summary = (
+        "healthy",
+        None,
+        "all 4 steps stayed finite",
+    )
+    report.gate = Gate(
+        "b.json",
+        [
+            Check("headroom", True, "peak at 10%"),
+            Check("activation growth", False, "fc2 grew 2.0x"),
+        ],
+    )
+    text = render(report)
+    assert "HEALTH CHECK FAILED" in text and "numeric health against b.json" in text
+    assert "✘ activation growth" in text and "fc2 grew 2.0x" in text and "✔ headroom" in text
+    lines = quiet_lines(report)
+    assert lines[0] == "nandoctor diagnose run.yaml: HEALTHY, HEALTH CHECK FAILED"
+    assert (
+        "  FAIL activation growth: fc2 grew 2.0x" in lines
+        and "  ok   headroom: peak at 10%" in lines
+    )

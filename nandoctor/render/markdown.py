@@ -60,6 +60,7 @@ def render_markdown(report: Report) -> str:
     lines += _environment(report)
     lines += _where(report)
     lines += _causes(report.causes)
+    lines += _gate(report)
     lines += _curves(report)
     if report.notes:
         lines += ["", "**Notes**", ""] + [f"- {n}" for n in report.notes]
@@ -70,6 +71,8 @@ def _title(report: Report) -> str:
     icon = ICONS.get(report.status, "⚠️")
     first = report.first_nonfinite
     what = f"non-finite at step {first.step} (phase {first.phase})" if first else report.status
+    if first is None and report.gate is not None and not report.gate.passed:
+        icon, what = ICONS["nonfinite"], "a numeric-health check failed"
     name = f" `{report.name}`" if report.name else ""
     return f"## {icon} nandoctor {report.command}{name}: {what}"
 
@@ -121,6 +124,17 @@ def _causes(causes: list[Cause]) -> list[str]:
             )
         if rank == 1:
             out += _snippet(cause.id)
+    return [*out, ""]
+
+
+def _gate(report: Report) -> list[str]:
+    if report.gate is None:
+        return []
+    against = f" against `{report.gate.baseline}`" if report.gate.baseline else ""
+    out = [f"### Numeric health{against}", "", "| check | | |", "|---|---|---|"]
+    out += [
+        f"| {c.name} | {'✅' if c.passed else '❌'} | {c.message} |" for c in report.gate.checks
+    ]
     return [*out, ""]
 
 

@@ -92,6 +92,8 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
             console.print(escape(line), soft_wrap=True)
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
+    if report.gate is not None and not report.gate.passed:
+        style = "red"
     body: list = [escape(report.summary)]
     where = origin_block(report)
     if where is not None:
@@ -99,6 +101,10 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     why = causes_block(report.causes)
     if why is not None:
         body.append(why)
+    if report.ranks:
+        body.append(escape("ranks: " + " · ".join(f"{r.rank} {r.status}" for r in report.ranks)))
+    if report.gate is not None:
+        body.append(_gate(report))
     if report.telemetry.step:
         body.append(_curves(report))
     skips = sum(e.kind == "scaler-skip" for e in report.events)
@@ -112,20 +118,41 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
 def quiet_lines(report: Report) -> list[str]:
     """A handful of lines that read well in a CI log."""
     env = report.environment
-    lines = [f"nandoctor {report.command} {report.config}: {report.status.upper()}"]
+    state = report.status.upper()
+    if report.gate is not None and not report.gate.passed:
+        state += ", HEALTH CHECK FAILED"
+    lines = [f"nandoctor {report.command} {report.config}: {state}"]
     lines.append(f"  {report.summary}")
     if report.causes:
         top = report.causes[0]
         verified = {True: ", fix verified", False: ", fix not enough alone", None: ""}[top.verified]
         lines.append(f"  top cause: {top.id} ({top.confidence:.0%}{verified}): {top.fix}")
+    if report.gate is not None:
+        lines += [
+            f"  {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.message}" for c in report.gate.checks
+        ]
     lines.append(f"  {env.device} {env.dtype} grad_scaler={env.grad_scaler} threads={env.threads}")
     return lines
+
+
+def _gate(report: Report) -> Table:
+    """The numeric-health checks: headroom, and the baseline's, each passed or failed."""
+    assert report.gate is not None
+    grid = Table.grid(padding=(0, 2))
+    source = f" against {report.gate.baseline}" if report.gate.baseline else ""
+    grid.add_row(f"[bold]numeric health{escape(source)}[/]", "")
+    for check in report.gate.checks:
+        mark = "[green]✔[/]" if check.passed else "[red]✘[/]"
+        grid.add_row(f"{mark} {escape(check.name)}", escape(check.message))
+    return grid
 
 
 def _title(report: Report) -> str:
     first = report.first_nonfinite
     if first is not None:
         return f"[bold red]NON-FINITE at step {first.step} · phase {first.phase}[/]"
+    if report.gate is not None and not report.gate.passed:
+        return "[bold red]HEALTH CHECK FAILED[/] (every step finite)"
     if report.status == "healthy":
         return "[bold green]HEALTHY[/]"
     return f"[bold yellow]{report.status.upper()}[/]"
