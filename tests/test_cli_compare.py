@@ -39,3 +39,17 @@ def test_plot_without_matplotlib_is_a_clear_usage_error(project, monkeypatch):
 def test_unknown_dtype_is_a_usage_error(project):
     result = runner.invoke(app, ["compare", str(project(base_config())), "--dtype", "int8"])
     assert result.exit_code == 2 and "unknown dtype 'int8'" in result.output
+
+
+def test_junit_has_one_case_per_dtype(project, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    path = project(base_config(steps=4, data_args={"nan_at": 1}))
+    out = tmp_path / "compare.xml"
+    result = runner.invoke(
+        app, ["compare", str(path), "--dtype", "bf16", "--junit", str(out), "-q"]
+    )
+    assert result.exit_code == 1
+    cases = {c.get("name"): c for c in ET.parse(out).getroot().iter("testcase")}
+    assert set(cases) == {"float32", "bfloat16"}
+    assert cases["bfloat16"].find("failure").get("message") == "non-finite at step 1, phase input"

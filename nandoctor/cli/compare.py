@@ -15,6 +15,7 @@ from nandoctor.configfile import load_config
 from nandoctor.errors import ExitCode
 from nandoctor.io import write_bytes, write_text
 from nandoctor.render.compare import render_comparison
+from nandoctor.render.junit import render_comparison_junit
 from nandoctor.render.markdown import render_comparison_markdown
 from nandoctor.render.plot import plot_png, require_matplotlib
 from nandoctor.render.terminal import StepProgress
@@ -35,6 +36,7 @@ def compare(
     seed: int | None = options.Seed,
     json_path: str | None = options.Json,
     markdown_path: str | None = options.Markdown,
+    junit_path: str | None = options.Junit,
     plot_path: str | None = typer.Option(
         None, "--plot", help="Write a PNG of loss and grad norm per dtype."
     ),
@@ -42,7 +44,8 @@ def compare(
     debug: bool = options.Debug,
 ) -> None:
     """Replay the same batches under the config's dtype and each --dtype, side by side."""
-    outputs = {"--json": json_path, "--markdown": markdown_path, "--plot": plot_path}
+    outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
+    outputs["--plot"] = plot_path
     options.check_outputs(outputs)
     if plot_path:
         require_matplotlib()
@@ -75,5 +78,7 @@ def write_outputs(comparison: Comparison, outputs: dict[str, str | None]) -> Non
         write_text(outputs["--json"], comparison.to_json(), "--json")
     if outputs["--markdown"]:
         write_text(outputs["--markdown"], render_comparison_markdown(comparison), "--markdown")
+    if outputs["--junit"]:
+        write_text(outputs["--junit"], render_comparison_junit(comparison), "--junit")
     if outputs["--plot"]:
         write_bytes(outputs["--plot"], plot_png(comparison), "--plot")

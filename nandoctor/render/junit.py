@@ -7,25 +7,40 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from nandoctor.comparison import Comparison
 from nandoctor.report import Report
 
 
 def render_junit(report: Report) -> str:
     cases = [_finite_case(report)]
     if report.gate is not None:
-        cases += [
-            _case(check.name, check.message, not check.passed) for check in report.gate.checks
-        ]
+        cases += [_case(c.name, c.message, not c.passed) for c in report.gate.checks]
+    seconds = sum(report.timing.values())
+    return _document(report.command, report.name or report.config, cases, seconds)
+
+
+def render_comparison_junit(comparison: Comparison) -> str:
+    """One case per dtype: it stayed finite, or where it did not; the verdict as details."""
+    cases = []
+    for run in comparison.runs:
+        failed = run.status != "healthy"
+        where = f"non-finite at step {run.first_nonfinite_step}, phase {run.first_nonfinite_phase}"
+        message = where if failed else f"all {run.steps_completed} steps stayed finite"
+        cases.append(_case(run.dtype, message, failed, details=comparison.verdict))
+    return _document("compare", comparison.name or comparison.config, cases, 0.0)
+
+
+def _document(command: str, run: str, cases: list[ET.Element], seconds: float) -> str:
     suite = ET.Element(
         "testsuite",
-        name=f"nandoctor {report.command}",
+        name=f"nandoctor {command}",
         tests=str(len(cases)),
         failures=str(sum(c.find("failure") is not None for c in cases)),
         errors="0",
-        time=f"{sum(report.timing.values()):.3f}",
+        time=f"{seconds:.3f}",
     )
     for case in cases:
-        case.set("classname", f"nandoctor.{report.command}.{report.name or report.config}")
+        case.set("classname", f"nandoctor.{command}.{run}")
         suite.append(case)
     root = ET.Element("testsuites")
     root.append(suite)
