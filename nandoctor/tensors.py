@@ -57,10 +57,19 @@ def _grouped_norms(
         if device.type in ("cpu", "cuda") and not group[0].is_sparse:
             # NB: reduced-precision norms are accumulated in float32: the L2 norm of finite
             # float16 values overflows float16 long before the values do.
-            norms.extend(torch._foreach_norm(group, ord, dtype=dtype))
+            norms.extend(_foreach_norm(group, ord, dtype))
         else:
             norms.extend(torch.linalg.vector_norm(t, ord, dtype=dtype) for t in group)
     return norms
+
+
+def _foreach_norm(group: list[torch.Tensor], ord: float, dtype: torch.dtype) -> list[torch.Tensor]:
+    # NB: the fused kernel's `dtype` argument is recent, and some (device, dtype) pairs
+    # lack it: then one kernel per tensor, same result
+    try:
+        return list(torch._foreach_norm(group, ord, dtype=dtype))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return [torch.linalg.vector_norm(t, ord, dtype=dtype) for t in group]
 
 
 def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
