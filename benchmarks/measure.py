@@ -21,6 +21,7 @@ from nandoctor.loop import run_step
 from nandoctor.probes.tracer import Tracer
 from nandoctor.session import build_session
 from nandoctor.snapshot import SnapshotStore, state_bytes
+from nandoctor.tensors import iter_tensors
 
 
 @dataclass
@@ -227,18 +228,12 @@ def snapshot_memory(workload: Workload, size: str, device: str, steps: int = 24)
         store.before_step(step, batch)
         plain_step(session, batch)
     batch_bytes = sum(
-        t.numel() * t.element_size() for b in store._batches.values() for t in _tensors(b)
+        t.numel() * t.element_size() for b in store._batches.values() for t in iter_tensors(b)
     )
     mb = 2**20
     return SnapshotMemory(
         state_bytes(session) / mb, store.nbytes / mb, batch_bytes / mb, store.every or 0
     )
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    from nandoctor.tensors import iter_tensors
-
-    return iter_tensors(obj)
 
 
 def peak_memory(workload: Workload, size: str, device: str, steps: int = 40) -> dict[str, float]:

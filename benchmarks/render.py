@@ -18,12 +18,13 @@ above were measured; they are CPU figures.
 WHY = """\
 ## Why the sentinel is cheap
 
-- **No hooks on every module, no per-op checks.** At each phase boundary it adds one small
-  reduction on the device: the batch's largest |x|, the model output's, the loss, the
-  global gradient norm (one fused `_foreach_norm` over all gradients, accumulated in
-  float64 so that huge finite gradients do not read as infinite), the weights' largest
-  |x| after the update. A full pass over gradients and weights is a few percent of a
-  step's memory traffic, and nothing on the compute side.
+- **No hooks on every module, no per-op checks.** Per step it adds: an exact finite check
+  of the batch, the loss, and the gradients (each tensor's min and max on the CPU; one
+  fused float64 pass on CUDA, which also gives the norm), and the global gradient norm
+  for telemetry. That is two passes over the gradients on the CPU, one on CUDA, and
+  nothing on the compute side. The model's output and the weights after each update are
+  not checked every step: a broken output shows in the loss, broken weights at the next
+  step, and the replay of the bad step names the exact phase either way.
 - **One read per step.** The flags and the telemetry (loss, gradient norm, loss scale)
   are stacked into one 10-number tensor and read once. On CUDA the read is a
   non-blocking copy into pinned memory, checked one step later: when the step already

@@ -25,7 +25,7 @@ import torch
 
 from nandoctor import amp
 from nandoctor.session import Session
-from nandoctor.tensors import iter_tensors
+from nandoctor.tensors import iter_tensors, map_tensors
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -147,7 +147,7 @@ class SnapshotStore:
         self._batches: dict[int, Any] = {}
 
     def before_step(self, step: int, batch: Any) -> None:
-        self._batches[step] = _host_copy(batch, self.session.device)
+        self._batches[step] = _host_copy(batch)
         if not self._snapshots or step - self._snapshots[-1].step >= self._every():
             self._capture(step)
         self._forget_old_batches()
@@ -243,14 +243,6 @@ def state_bytes(session: Session) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _host_copy(batch: Any, device: torch.device) -> Any:
+def _host_copy(batch: Any) -> Any:
     """A private host copy of the batch: the user's loss may modify its batch in place."""
-    if isinstance(batch, torch.Tensor):
-        return batch.detach().to("cpu", copy=True)
-    if isinstance(batch, dict):
-        return type(batch)((k, _host_copy(v, device)) for k, v in batch.items())
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_host_copy(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_host_copy(v, device) for v in batch)
-    return copy.deepcopy(batch)
+    return map_tensors(batch, lambda t: t.detach().to("cpu", copy=True), copy.deepcopy)

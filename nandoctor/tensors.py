@@ -7,7 +7,7 @@ host is the caller's decision (and its one synchronisation per step).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,17 +32,24 @@ def floating(tensors: Any) -> list[torch.Tensor]:
     return [t for t in iter_tensors(tensors) if t.is_floating_point() or t.is_complex()]
 
 
+def map_tensors(
+    obj: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] = lambda x: x
+) -> Any:
+    """`fn` on every tensor of a batch, `other` on every other leaf; containers kept."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, map_tensors(v, fn, other)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(v, fn, other) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(v, fn, other) for v in obj)
+    return other(obj)
+
+
 def to_device(obj: Any, device: torch.device) -> Any:
     """Move every tensor of a batch to `device`, keeping the container types."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, to_device(v, device)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(to_device(v, device) for v in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.to(device, non_blocking=True))
 
 
 def _grouped_norms(
@@ -97,11 +104,9 @@ def nonfinite(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Te
     if not tensors:
         return torch.zeros((), dtype=torch.bool, device=device)
     if device.type == "cpu":
-        sums = [
-            t.sum(dtype=torch.float64) if t.is_floating_point() else t.abs().sum() for t in tensors
-        ]
-    else:
-        sums = _grouped_norms(tensors, 1.0, torch.float64)
+        extremes = [v.float() for t in tensors for v in torch.aminmax(_real(t))]
+        return ~torch.isfinite(torch.stack(extremes)).all()
+    sums = _grouped_norms(tensors, 1.0, torch.float64)
     return ~torch.isfinite(torch.stack([s.to(device) for s in sums])).all()
 
 
@@ -124,11 +129,3 @@ def gradient_check(
 
 def _real(t: torch.Tensor) -> torch.Tensor:
     return t.abs() if t.is_complex() else t.reshape(-1) if t.dim() == 0 else t
-
-
-def absmax(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The largest |x| over `tensors`: NaN or inf when any element is, never an overflow."""
-    if not tensors:
-        return torch.zeros((), device=device)
-    norms = _grouped_norms(tensors, float("inf"))
-    return torch.stack([n.to(device) for n in norms]).max()
