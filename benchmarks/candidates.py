@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from nandoctor.loop import run_step
-from nandoctor.probes.base import Probe
-from nandoctor.probes.sentinel import Sentinel
-from nandoctor.session import Session
-from nandoctor.snapshot import SnapshotStore
-from nandoctor.tensors import to_device
+from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.sentinel import Sentinel
+from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.runtime.step import run_step
+from nandoctor.runtime.tensors import to_device
+from nandoctor.setup.session import Session
 
 
 class Candidate:
@@ -105,9 +105,9 @@ class Watch(Candidate):
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
-        from nandoctor.guard.hooks import StepHooks
-        from nandoctor.guard.monitor import Monitor
-        from nandoctor.guard.run import Run
+        from nandoctor.runtime.hooked import Run
+        from nandoctor.runtime.hooks import StepHooks
+        from nandoctor.runtime.monitor import Monitor
 
         run = Run()
         self.monitor = Monitor(run)

@@ -16,12 +16,12 @@ import torch
 
 from benchmarks.candidates import Candidate, available, plain_step
 from benchmarks.workloads import Workload
-from nandoctor.diagnose import DiagnoseOptions, diagnose
-from nandoctor.loop import run_step
-from nandoctor.probes.tracer import Tracer
-from nandoctor.session import build_session
-from nandoctor.snapshot import SnapshotStore, state_bytes
-from nandoctor.tensors import iter_tensors
+from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.localize.tracer import Tracer
+from nandoctor.runtime.snapshot import SnapshotStore, state_bytes
+from nandoctor.runtime.step import run_step
+from nandoctor.runtime.tensors import iter_tensors
+from nandoctor.setup.session import build_session
 
 
 @dataclass

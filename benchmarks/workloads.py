@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nandoctor.config import Config
-from nandoctor.configfile import LoadedConfig
+from nandoctor.setup.load import LoadedConfig
+from nandoctor.setup.schema import Config
 
 # size -> knobs; "tiny" keeps the smoke test fast, "gpu" is for benchmarks/gpu_check.sh
 SIZES = {

@@ -18,7 +18,7 @@ from nandoctor.examples.seed import build_data, build_model
 from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.terminal import render_report
-from nandoctor.report import Report
+from nandoctor.report.types import Report
 from tests.scripts import seed_fp16_nan as seed
 from tests.scripts.expected import seed_diagnosis
 
@@ -123,7 +123,7 @@ def test_guard_step_localises_the_seed_loop_as_diagnose_does():
 def expected_update(expected: dict):
     from pydantic import TypeAdapter
 
-    from nandoctor.diagnosis.evidence import UpdateRatio
+    from nandoctor.report.evidence import UpdateRatio
 
     return TypeAdapter(UpdateRatio).validate_python(expected["evidence"]["update"])
 

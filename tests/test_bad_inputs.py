@@ -112,7 +112,7 @@ def test_cuda_without_cuda(folder):
 
 
 def test_bfloat16_on_a_gpu_without_it(folder, monkeypatch):
-    from nandoctor import devices
+    from nandoctor.setup import devices
 
     monkeypatch.setattr(devices, "_cuda_bf16", lambda device: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nandoctor.diagnosis import catalog
-from nandoctor.diagnosis.catalog import CATALOG, CauseInfo, get
-from nandoctor.diagnosis.docs import render_causes
+from nandoctor.causes import catalog
+from nandoctor.causes.catalog import CATALOG, CauseInfo, get
+from nandoctor.causes.docs import render_causes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_numbers_practitioners_check():
 
 def test_committed_causes_md_is_generated_from_the_catalog():
     committed = (REPO / "docs" / "causes.md").read_text(encoding="utf-8")
-    assert committed == render_causes(), "run: python -m nandoctor.diagnosis.docs > docs/causes.md"
+    assert committed == render_causes(), "run: python -m nandoctor.causes.docs > docs/causes.md"
 
 
 def test_causes_md_has_a_section_per_id():

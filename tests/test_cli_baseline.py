@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 from typer.testing import CliRunner
 
-from nandoctor.baseline import read_baseline
 from nandoctor.cli import app
+from nandoctor.gate.baseline import read_baseline
 from tests.conftest import base_config
 
 runner = CliRunner()

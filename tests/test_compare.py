@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from nandoctor.compare import compare
-from nandoctor.comparison import Comparison
-from nandoctor.configfile import load_config
+from nandoctor.compare.engine import compare
+from nandoctor.report.comparison import Comparison
+from nandoctor.setup.load import load_config
 from tests.conftest import CONFIGS, base_config
 
 RECORDING = """

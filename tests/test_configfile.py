@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nandoctor.configfile import load_config
 from nandoctor.errors import ConfigError
+from nandoctor.setup.load import load_config
 
 MINIMAL = """\
 model: train.py:build_model

@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from nandoctor.data import BatchStream
 from nandoctor.errors import ConfigError, UserCodeError
+from nandoctor.setup.data import BatchStream
 
 
 def take(stream, n):

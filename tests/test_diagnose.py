@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nandoctor.configfile import load_config
-from nandoctor.diagnose import DiagnoseOptions, diagnose
+from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.setup.load import load_config
 from tests.conftest import CONFIGS, base_config
 
 NO_VERIFY = DiagnoseOptions(verify=False)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nandoctor.distributed import _exit_code
+from nandoctor.setup.distributed import _exit_code
 
 TRAIN = """
 import torch

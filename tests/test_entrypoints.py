@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nandoctor.entrypoints import add_python_path, resolve
 from nandoctor.errors import ConfigError, UserCodeError
+from nandoctor.setup.entrypoints import add_python_path, resolve
 from tests.conftest import TRAIN_PY
 
 

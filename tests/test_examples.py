@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nandoctor.config import FactorySpec
-from nandoctor.configfile import LoadedConfig, load_config
-from nandoctor.diagnose import DiagnoseOptions, diagnose
+from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.examples import make_checkpoints
-from nandoctor.report import Report
+from nandoctor.report.types import Report
+from nandoctor.setup.load import LoadedConfig, load_config
+from nandoctor.setup.schema import FactorySpec
 from tests.conftest import CONFIGS
 
 Check = Callable[[Report], None]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nandoctor.gate import Tolerances, compare_to_baseline, headroom_check
-from nandoctor.health import GradNorms, Health, ModuleHealth
+from nandoctor.gate.check import Tolerances, compare_to_baseline, headroom_check
+from nandoctor.report.health import GradNorms, Health, ModuleHealth
 
 
 def health(scale=1.0, p90=1.0, streak=3, loss=0.5, headroom=0.1) -> Health:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nandoctor.health import Headroom, health_of
-from nandoctor.telemetry import Event, Telemetry
+from nandoctor.report.health import Headroom, health_of
+from nandoctor.report.telemetry import Event, Telemetry
 
 
 def test_health_of_a_run():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nandoctor.diagnosis import catalog
+from nandoctor.causes import catalog
 from nandoctor.lint import Severity, lint_text
 from nandoctor.lint.checks import ORDER
 from nandoctor.lint.registry import CHECKS, all_checks, check

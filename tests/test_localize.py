@@ -10,13 +10,13 @@ import re
 import pytest
 import torch
 
-from nandoctor.configfile import load_config
-from nandoctor.diagnose import DiagnoseOptions, diagnose
-from nandoctor.localize import localize
-from nandoctor.loop import run_step
-from nandoctor.probes.base import Probe
-from nandoctor.session import build_session
-from nandoctor.snapshot import SnapshotStore
+from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.localize.replay import localize
+from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.runtime.step import run_step
+from nandoctor.setup.load import load_config
+from nandoctor.setup.session import build_session
 from tests.conftest import TRAIN_PY, base_config
 
 NO_VERIFY = DiagnoseOptions(verify=False)
@@ -227,8 +227,8 @@ def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
 
 
 def test_running_out_of_memory_in_the_full_trace_falls_back_to_a_lighter_one(project, monkeypatch):
-    import nandoctor.localize as localize_module
-    from nandoctor.probes.tracer import Tracer
+    import nandoctor.localize.replay as localize_module
+    from nandoctor.localize.tracer import Tracer
 
     class Hungry(Tracer):
         def __enter__(self):
@@ -243,7 +243,7 @@ def test_running_out_of_memory_in_the_full_trace_falls_back_to_a_lighter_one(pro
 
 
 def test_an_interrupt_during_the_replay_still_gives_a_report(project, monkeypatch):
-    import nandoctor.diagnose as diagnose_module
+    import nandoctor.diagnose.engine as diagnose_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

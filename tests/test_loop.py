@@ -8,11 +8,11 @@ import itertools
 import pytest
 import torch
 
-from nandoctor.configfile import load_config
 from nandoctor.errors import ConfigError, UserCodeError
-from nandoctor.loop import run_step
-from nandoctor.probes.base import Phase, Probe
-from nandoctor.session import build_session
+from nandoctor.runtime.probe import Phase, Probe
+from nandoctor.runtime.step import run_step
+from nandoctor.setup.load import load_config
+from nandoctor.setup.session import build_session
 from tests.conftest import base_config
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nandoctor.probes.patches import EpsilonPatch, FiniteMaskPatch, LogSoftmaxPatch
+from nandoctor.runtime.patches import EpsilonPatch, FiniteMaskPatch, LogSoftmaxPatch
 
 
 def test_log_of_softmax_becomes_log_softmax_in_every_spelling():

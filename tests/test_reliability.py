@@ -10,10 +10,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nandoctor.config import Config
-from nandoctor.configfile import load_config
-from nandoctor.diagnose import diagnose
+from nandoctor.diagnose.engine import diagnose
 from nandoctor.errors import ConfigError
+from nandoctor.setup.load import load_config
+from nandoctor.setup.schema import Config
 from tests.conftest import TRAIN_PY, base_config
 
 KEYS = [*Config.model_fields, "precision.dtype", "optimiser", "stepz", ""]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from nandoctor.gate import Check, Gate
+from nandoctor.gate.check import Check, Gate
 from nandoctor.render.junit import render_junit
-from nandoctor.report import Cause
+from nandoctor.report.types import Cause
 from tests.test_render_terminal import failing_report
 
 

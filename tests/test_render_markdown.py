@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nandoctor.render.markdown import render_markdown
-from nandoctor.report import Cause
+from nandoctor.report.types import Cause
 from tests.test_render_terminal import failing_report
 
 
@@ -43,7 +43,7 @@ def test_healthy_markdown(tmp_path):
 
 
 def test_markdown_lists_the_health_checks(tmp_path):
-    from nandoctor.gate import Check, Gate
+    from nandoctor.gate.check import Check, Gate
 
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite = "healthy", None

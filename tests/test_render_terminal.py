@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from nandoctor.diagnosis.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
 from nandoctor.render.terminal import quiet_lines, render_report
-from nandoctor.report import Environment, Event, FirstNonfinite, Report, Telemetry
+from nandoctor.report.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
+from nandoctor.report.types import Environment, Event, FirstNonfinite, Report, Telemetry
 
 SOURCE = """def loss(model, batch):
     x, y = batch
@@ -97,7 +97,7 @@ def test_quiet_output_is_a_few_plain_lines(tmp_path):
 
 
 def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
-    from nandoctor.gate import Check, Gate
+    from nandoctor.gate.check import Check, Gate
 
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite, report.summary = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nandoctor.report import Cause, Environment, Event, FirstNonfinite, Report, Telemetry
+from nandoctor.report.types import Cause, Environment, Event, FirstNonfinite, Report, Telemetry
 
 
 def sample() -> Report:

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from nandoctor.diagnosis import catalog
-from nandoctor.diagnosis.case import Case, RunFacts, op_base
-from nandoctor.diagnosis.evidence import (
+from nandoctor.causes import catalog
+from nandoctor.causes.case import Case, RunFacts, op_base
+from nandoctor.causes.rules import RULES, rank
+from nandoctor.report.evidence import (
     Evidence,
     ModuleStat,
     Producer,
@@ -17,9 +18,8 @@ from nandoctor.diagnosis.evidence import (
     TensorStats,
     UpdateRatio,
 )
-from nandoctor.diagnosis.rules import RULES, rank
-from nandoctor.diagnosis.trends import Trends
-from nandoctor.report import FirstNonfinite
+from nandoctor.report.trends import Trends
+from nandoctor.report.types import FirstNonfinite
 
 FACTS = RunFacts("float16", True, None, "AdamW", 3e-4, 1e-8, "float32")
 CALM = Trends(100, 1.0, 1.2, 0.5, 90, 0.52, 0.0, 0, 0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nandoctor.probes.base import Phase
-from nandoctor.probes.sentinel import MAX_SKIP_STREAK, Judge, Reading
+from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.sentinel import MAX_SKIP_STREAK, Judge, Reading
 
 
 def reading(step=0, scale=None, **flags) -> Reading:

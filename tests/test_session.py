@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nandoctor.configfile import load_config
 from nandoctor.errors import ConfigError, UserCodeError
-from nandoctor.session import build_session, default_loss
+from nandoctor.setup.load import load_config
+from nandoctor.setup.session import build_session, default_loss
 from tests.conftest import base_config
 
 

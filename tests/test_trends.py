@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nandoctor.diagnosis.trends import trends_of
-from nandoctor.report import Event, Telemetry
+from nandoctor.report.trends import trends_of
+from nandoctor.report.types import Event, Telemetry
 
 
 def telemetry(losses, grads):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nandoctor.comparison import CompareRun, Headroom
-from nandoctor.verdicts import compare_verdict
+from nandoctor.compare.verdict import compare_verdict
+from nandoctor.report.comparison import CompareRun, Headroom
 
 
 def run(dtype, status="healthy", step=None, headroom=0.1, drift=None):

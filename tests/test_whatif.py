@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from nandoctor.configfile import load_config
-from nandoctor.diagnose import DiagnoseOptions, diagnose
-from nandoctor.report import Cause
-from nandoctor.whatif import verify
+from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.diagnose.verify import verify
+from nandoctor.report.types import Cause
+from nandoctor.setup.load import load_config
 from tests.conftest import CONFIGS
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from nandoctor import diagnose as engine
-from nandoctor.baseline import baseline_of
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.diagnose import run_with_progress
-from nandoctor.configfile import load_config
+from nandoctor.cli.output import write_text
+from nandoctor.diagnose import engine
 from nandoctor.errors import ExitCode
-from nandoctor.io import write_text
+from nandoctor.gate.baseline import baseline_of
 from nandoctor.render.terminal import render_report
+from nandoctor.setup.load import load_config
 
 
 @app.command()

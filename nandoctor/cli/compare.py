@@ -7,18 +7,18 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from nandoctor import compare as engine
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.comparison import Comparison
-from nandoctor.configfile import load_config
+from nandoctor.cli.output import write_bytes, write_text
+from nandoctor.compare import engine
 from nandoctor.errors import ExitCode
-from nandoctor.io import write_bytes, write_text
 from nandoctor.render.compare import render_comparison
 from nandoctor.render.junit import render_comparison_junit
 from nandoctor.render.markdown import render_comparison_markdown
 from nandoctor.render.plot import plot_png, require_matplotlib
 from nandoctor.render.terminal import StepProgress
+from nandoctor.report.comparison import Comparison
+from nandoctor.setup.load import load_config
 
 
 @app.command()

@@ -9,19 +9,19 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from nandoctor import diagnose as engine
-from nandoctor import distributed
-from nandoctor.baseline import read_baseline
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.configfile import LoadedConfig, load_config
+from nandoctor.cli.output import write_text
+from nandoctor.diagnose import engine
 from nandoctor.errors import ExitCode
-from nandoctor.gate import Tolerances
-from nandoctor.io import write_text
+from nandoctor.gate.baseline import read_baseline
+from nandoctor.gate.check import Tolerances
 from nandoctor.render.junit import render_junit
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.terminal import StepProgress, print_header, render_report
-from nandoctor.report import Report
+from nandoctor.report.types import Report
+from nandoctor.setup import distributed
+from nandoctor.setup.load import LoadedConfig, load_config
 
 DEFAULTS = Tolerances()
 

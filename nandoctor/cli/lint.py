@@ -9,8 +9,8 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.output import write_text
 from nandoctor.errors import ExitCode
-from nandoctor.io import write_text
 from nandoctor.lint import LintResult, Severity, lint_paths, load_config
 from nandoctor.lint.render import terminal
 from nandoctor.lint.render.json_report import to_json

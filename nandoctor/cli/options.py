@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from nandoctor.config import check_device
-from nandoctor.dtypes import canonical_dtype
+from nandoctor.cli.output import check_writable
 from nandoctor.errors import UsageError
-from nandoctor.io import check_writable
+from nandoctor.setup.dtypes import canonical_dtype
+from nandoctor.setup.schema import check_device
 
 
 def dtype_name(value: str | None) -> str | None:

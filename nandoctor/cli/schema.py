@@ -7,7 +7,7 @@ import json
 import typer
 
 from nandoctor.cli.app import app
-from nandoctor.config import Config
+from nandoctor.setup.schema import Config
 
 
 @app.command()

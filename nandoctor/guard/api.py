@@ -24,18 +24,18 @@ from typing import Any, TypeVar
 
 import torch
 
+from nandoctor.diagnose.facts import environment_of, facts_of
+from nandoctor.diagnose.reporting import build_report
 from nandoctor.errors import ExitCode, NandoctorError, UsageError
-from nandoctor.guard.facts import environment_of, facts_of
-from nandoctor.guard.hooks import StepHooks
-from nandoctor.guard.monitor import Monitor
-from nandoctor.guard.replay import KeptStep, TrainState, localize_step, named_batch
-from nandoctor.guard.reporting import build_report
-from nandoctor.guard.run import Run
-from nandoctor.localize import Localization
-from nandoctor.probes.base import Phase, StepContext
-from nandoctor.probes.sentinel import Verdict
-from nandoctor.report import Report
-from nandoctor.snapshot import SnapshotStore
+from nandoctor.localize.guarded import KeptStep, TrainState, localize_step, named_batch
+from nandoctor.localize.replay import Localization
+from nandoctor.report.types import Report
+from nandoctor.runtime.hooked import Run
+from nandoctor.runtime.hooks import StepHooks
+from nandoctor.runtime.monitor import Monitor
+from nandoctor.runtime.probe import Phase, StepContext
+from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.snapshot import SnapshotStore
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.integrations import MissingExtraError
-from nandoctor.report import Report
+from nandoctor.report.types import Report
 
 try:  # NB: the unified package first; its Callback is not the standalone package's
     import lightning.pytorch as pl

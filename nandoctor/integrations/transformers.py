@@ -21,7 +21,7 @@ from typing import Any
 
 from nandoctor.guard import Guard
 from nandoctor.integrations import MissingExtraError
-from nandoctor.report import Report
+from nandoctor.report.types import Report
 
 try:
     from transformers import TrainerCallback

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from nandoctor.diagnosis.catalog import CATALOG
+from nandoctor.causes.catalog import CATALOG
 from nandoctor.errors import ConfigError, UsageError
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.registry import all_checks

@@ -12,8 +12,8 @@ import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from nandoctor.diagnosis import catalog
-from nandoctor.diagnosis.catalog import CauseInfo
+from nandoctor.causes import catalog
+from nandoctor.causes.catalog import CauseInfo
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.source import Source
 

@@ -8,8 +8,8 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from nandoctor.diagnosis import catalog
-from nandoctor.report import Cause
+from nandoctor.causes import catalog
+from nandoctor.report.types import Cause
 
 MARKS = {True: "[green]✔ verified[/]", False: "[red]✘ not enough[/]", None: "[dim]not verified[/]"}
 

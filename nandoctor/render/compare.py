@@ -7,8 +7,8 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from nandoctor.comparison import CompareRun, Comparison
 from nandoctor.render.textplot import overlay
+from nandoctor.report.comparison import CompareRun, Comparison
 
 MARKERS = {"float16": "h", "bfloat16": "b", "float32": "f"}
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from nandoctor.comparison import Comparison
-from nandoctor.report import Report
+from nandoctor.report.comparison import Comparison
+from nandoctor.report.types import Report
 
 
 def render_junit(report: Report) -> str:

@@ -13,10 +13,10 @@ Same facts as the JSON and the terminal; nothing is computed here.
 
 from __future__ import annotations
 
-from nandoctor.comparison import CompareRun, Comparison
-from nandoctor.diagnosis import catalog
+from nandoctor.causes import catalog
 from nandoctor.render.sparkline import sparkline
-from nandoctor.report import Cause, Report
+from nandoctor.report.comparison import CompareRun, Comparison
+from nandoctor.report.types import Cause, Report
 
 ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
 VERIFIED = {True: "✔ verified", False: "✘ not enough on its own", None: "not verified"}

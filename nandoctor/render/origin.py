@@ -15,8 +15,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
-from nandoctor.diagnosis.evidence import Evidence, TensorStats
-from nandoctor.report import FirstNonfinite, Report
+from nandoctor.report.evidence import Evidence, TensorStats
+from nandoctor.report.types import FirstNonfinite, Report
 
 CONTEXT_LINES = 3
 

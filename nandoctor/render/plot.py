@@ -6,8 +6,8 @@ import io
 import textwrap
 from typing import Any
 
-from nandoctor.comparison import Comparison
 from nandoctor.errors import UsageError
+from nandoctor.report.comparison import Comparison
 
 
 def require_matplotlib() -> Any:

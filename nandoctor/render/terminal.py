@@ -28,11 +28,11 @@ from rich.table import Table
 from nandoctor.render.causes import causes_block
 from nandoctor.render.origin import origin_block
 from nandoctor.render.sparkline import sparkline
-from nandoctor.report import Report
+from nandoctor.report.types import Report
 
 if TYPE_CHECKING:
-    from nandoctor.probes.sentinel import Verdict
-    from nandoctor.session import Session
+    from nandoctor.runtime.sentinel import Verdict
+    from nandoctor.setup.session import Session
 
 
 def print_header(console: Console, command: str, config_path: str, session: Session) -> None:

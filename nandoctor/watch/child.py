@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nandoctor import amp
-from nandoctor.guard.hooks import StepHooks
-from nandoctor.guard.monitor import Monitor
-from nandoctor.guard.run import Run
-from nandoctor.probes.base import Phase, Probes, StepContext
-from nandoctor.probes.sentinel import Verdict
+from nandoctor.runtime import amp
+from nandoctor.runtime.hooked import Run
+from nandoctor.runtime.hooks import StepHooks
+from nandoctor.runtime.monitor import Monitor
+from nandoctor.runtime.probe import Phase, Probes, StepContext
+from nandoctor.runtime.sentinel import Verdict
 from nandoctor.watch import protocol
 from nandoctor.watch.protocol import Settings
 
 if TYPE_CHECKING:
-    from nandoctor.probes.tracer import Tracer
+    from nandoctor.localize.tracer import Tracer
 
 _attached: Watched | None = None
 UPDATE_WINDOW = 32  # on a replay, the steps before the bad one whose updates are measured
@@ -103,7 +103,7 @@ class Watched:
 
     # -- the tracer on the replayed step ------------------------------------------------------
     def _arm(self) -> None:
-        from nandoctor.probes.tracer import Tracer  # NB: only a replay run needs it
+        from nandoctor.localize.tracer import Tracer  # NB: only a replay run needs it
 
         if self.run.model is None:
             return
@@ -115,7 +115,7 @@ class Watched:
     def _measure_update(self, step: int) -> None:
         if self._before is None or self.run.model is None:
             return
-        from nandoctor.localize import update_ratio
+        from nandoctor.localize.replay import update_ratio
 
         view = types.SimpleNamespace(model=self.run.model, params=_model_params(self.run))
         ratio = update_ratio(view, step, self._before)  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ class Watched:
 
     # -- results ------------------------------------------------------------------------------
     def _write_run(self) -> None:
-        from nandoctor.guard.facts import environment_of, facts_of
+        from nandoctor.diagnose.facts import environment_of, facts_of
 
         result = self.monitor.result
         data = {

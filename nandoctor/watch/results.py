@@ -10,15 +10,15 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from nandoctor.diagnosis.case import RunFacts
-from nandoctor.diagnosis.evidence import ModuleStat
-from nandoctor.localize import Localization
-from nandoctor.probes.base import Phase
-from nandoctor.probes.sentinel import Reading, Verdict
-from nandoctor.probes.tracer import Finding
-from nandoctor.replay import RunResult
-from nandoctor.report import Environment
-from nandoctor.telemetry import Event, Telemetry
+from nandoctor.causes.case import RunFacts
+from nandoctor.localize.replay import Localization
+from nandoctor.localize.tracer import Finding
+from nandoctor.report.evidence import ModuleStat
+from nandoctor.report.telemetry import Event, Telemetry
+from nandoctor.report.types import Environment
+from nandoctor.runtime.fast_run import RunResult
+from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.sentinel import Reading, Verdict
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
+from nandoctor.diagnose.reporting import build_report
 from nandoctor.errors import ExitCode, UsageError
-from nandoctor.guard.reporting import build_report
-from nandoctor.localize import Localization
-from nandoctor.probes.base import Phase
-from nandoctor.replay import RunResult
-from nandoctor.report import Environment, Report
+from nandoctor.localize.replay import Localization
+from nandoctor.report.types import Environment, Report
+from nandoctor.runtime.fast_run import RunResult
+from nandoctor.runtime.probe import Phase
 from nandoctor.watch import results
 from nandoctor.watch.protocol import ENV, Settings
 

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from nandoctor import __version__
-from nandoctor.diagnosis import catalog
+from nandoctor.causes import catalog
 from nandoctor.lint.findings import Finding, LintResult
 
 SCHEMA_VERSION = 1

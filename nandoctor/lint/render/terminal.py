@@ -17,7 +17,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from nandoctor.diagnosis import catalog
+from nandoctor.causes import catalog
 from nandoctor.lint.findings import Finding, LintResult, Severity, Skipped
 
 STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "bold cyan"}

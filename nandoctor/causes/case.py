@@ -1,0 +1,90 @@
+"""A `Case`: everything the diagnosis rules may read about one failure, as plain data.
+
+The report's `first_nonfinite` and `evidence` (what the replay saw), the telemetry trends,
+and the run's settings (`RunFacts`). Helpers name ops the way the rules think of them:
+`aten._softmax.default` is "softmax", `aten._foreach_addcdiv_.ScalarList` is "addcdiv".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nandoctor.report.evidence import Evidence, Producer, TensorStats
+from nandoctor.report.trends import Trends
+from nandoctor.report.types import FirstNonfinite
+
+FLOAT16_MAX = 65504.0
+FLOAT16_SMALLEST = 2.0**-24  # ~6e-8, the smallest positive float16 (a subnormal)
+FLOAT16_ROUNDS_TO_ZERO = 2.0**-25  # anything smaller in magnitude is 0 in float16
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The run's settings that bear on a diagnosis."""
+
+    dtype: str
+    grad_scaler: bool
+    clip_grad_norm: float | None
+    optimizer: str
+    lr: float | None
+    eps: float | None
+    param_dtype: str
+    checkpoint: str | None = None
+    start_step: int = 0
+    collapsed: bool = False  # the failure was a GradScaler streak whose scale collapsed
+    collapse_why: str = ""
+
+
+@dataclass(frozen=True)
+class Case:
+    first: FirstNonfinite
+    evidence: Evidence
+    trends: Trends
+    facts: RunFacts
+
+    @property
+    def op(self) -> str:
+        return op_base(self.first.op)
+
+    @property
+    def backward_of(self) -> str:
+        """The forward function whose backward failed: "sqrt" for "torch.sqrt (SqrtBackward0)"."""
+        text = self.evidence.backward_of or ""
+        name = text.split(" ")[0].rsplit(".", 1)[-1]
+        return _DUNDER.get(name, name.strip("_"))
+
+    @property
+    def created_nan(self) -> bool:
+        out = self.evidence.output
+        return out is not None and out.nan > 0 and not any(i.nan for i in self.evidence.inputs)
+
+    def input(self, name: str) -> TensorStats | None:
+        return next((i for i in self.evidence.inputs if i.name == name), None)
+
+    def producers(self, depth: int = 1, feeds: str | None = None) -> list[Producer]:
+        return [
+            p
+            for p in self.evidence.producers
+            if p.depth == depth and (feeds is None or p.feeds == feeds)
+        ]
+
+    def made_by(
+        self, ops: frozenset[str], depth: int = 1, feeds: str | None = None
+    ) -> Producer | None:
+        return next((p for p in self.producers(depth, feeds) if op_base(p.op) in ops), None)
+
+    @property
+    def zeros_in_inputs(self) -> int:
+        return sum(i.zeros for i in self.evidence.inputs)
+
+
+_DUNDER = {"__truediv__": "div", "__rtruediv__": "div", "__pow__": "pow", "__rpow__": "pow"}
+
+
+def op_base(op: str | None) -> str:
+    """`aten._foreach_addcdiv_.ScalarList` -> "addcdiv"; `aten._softmax.default` -> "softmax"."""
+    if not op:
+        return ""
+    name = op.split(".")[1] if op.startswith("aten.") and op.count(".") >= 1 else op
+    name = name.removeprefix("_foreach_").strip("_")
+    return name.removeprefix("safe_")

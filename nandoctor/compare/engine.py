@@ -1,0 +1,113 @@
+"""`nandoctor compare`: the same run under several dtypes, side by side.
+
+Each run is built from the same config and seed, so it starts from the same weights (or
+the same checkpoint) and sees the same batches in the same order (the data stream has its
+own RNG; see data.py); only the autocast dtype, and with it the GradScaler's default,
+changes. Every run goes through the same loop and sentinel as `diagnose`, plus a headroom
+probe that records how close each module came to float16's limit.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from nandoctor import __version__
+from nandoctor.compare.verdict import compare_verdict
+from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparison
+from nandoctor.report.types import Tool
+from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run
+from nandoctor.runtime.headroom import HeadroomProbe
+from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, resolve_device
+from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
+from nandoctor.setup.load import LoadedConfig
+from nandoctor.setup.session import Session, build_session
+
+REFERENCE = "float32"
+TOP_MODULES = 5
+RunCallback = Callable[[str, Session], None]
+
+
+def compare(
+    loaded: LoadedConfig,
+    dtypes: list[str],
+    *,
+    on_run: RunCallback | None = None,
+    on_step: StepCallback | None = None,
+) -> Comparison:
+    names = _dtypes_to_run(loaded, dtypes)
+    device = resolve_device(loaded.config.device)
+    for name in names:  # refuse an unsupported dtype before any run starts
+        check_dtype_supported(device, torch_dtype(name))
+    runs: list[CompareRun] = []
+    for name in names:
+        run, interrupted = _one_run(loaded.with_overrides(dtype=name), name, on_run, on_step)
+        runs.append(run)
+        if interrupted:
+            break
+    reference = REFERENCE if any(r.dtype == REFERENCE for r in runs) else None
+    if reference is not None:
+        _fill_drift(runs, next(r for r in runs if r.dtype == reference))
+    notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" else []
+    return Comparison(
+        config=str(loaded.path),
+        environment=CompareEnvironment(str(device), torch.__version__, torch.get_num_threads()),
+        runs=runs,
+        verdict=compare_verdict(runs, loaded.config.precision.dtype, loaded.config.steps),
+        reference=reference,
+        name=loaded.config.name,
+        notes=notes,
+        tool=Tool(version=__version__),
+    )
+
+
+def _dtypes_to_run(loaded: LoadedConfig, dtypes: list[str]) -> list[str]:
+    """The config's own dtype first, then each asked for, once each."""
+    names = [loaded.config.precision.dtype, *(canonical_dtype(d) for d in dtypes)]
+    return list(dict.fromkeys(names))
+
+
+def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareRun, bool]:
+    session = build_session(loaded)
+    if on_run is not None:
+        on_run(name, session)
+    headroom = HeadroomProbe(session.model)
+    result = fast_run(session, loaded.config.steps, on_step=on_step, probe=headroom, thorough=True)
+    return _summary(name, session, result, headroom), result.status == "interrupted"
+
+
+def _summary(name: str, session: Session, result: RunResult, headroom: HeadroomProbe) -> CompareRun:
+    failure = result.failure
+    finite = [v for v in result.telemetry.loss if v == v and abs(v) != float("inf")]
+    times = result.step_seconds[1:] or result.step_seconds  # the first step warms up
+    return CompareRun(
+        dtype=name,
+        grad_scaler=session.scaler is not None,
+        status=result.status,
+        steps_completed=result.steps_completed,
+        first_nonfinite_step=failure.step if failure else None,
+        first_nonfinite_phase=failure.phase.value if failure and failure.phase else None,
+        final_loss=finite[-1] if finite else None,
+        max_abs_loss_diff_vs_reference=None,
+        step_time_ms=round(statistics.median(times) * 1000, 3) if times else None,
+        headroom=headroom.peaks()[:TOP_MODULES],
+        telemetry=result.telemetry,
+    )
+
+
+def _fill_drift(runs: list[CompareRun], reference: CompareRun) -> None:
+    """Largest |loss - reference loss| over the steps where both are finite."""
+    ref = dict(zip(reference.telemetry.step, reference.telemetry.loss, strict=True))
+    for run in runs:
+        diffs = [
+            abs(loss - ref[step])
+            for step, loss in zip(run.telemetry.step, run.telemetry.loss, strict=True)
+            if step in ref and _finite(loss) and _finite(ref[step])
+        ]
+        run.max_abs_loss_diff_vs_reference = max(diffs) if diffs else None
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and x == x and abs(x) != float("inf")

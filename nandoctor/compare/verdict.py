@@ -1,0 +1,84 @@
+"""One sentence a user can act on, from the runs of `compare`.
+
+>>> compare_verdict(runs, "float16", 400)
+'bfloat16 survived all 400 steps where float16 went non-finite at step 116 (phase loss);
+ float16 was at 100% of its range in blocks.3.mlp.fc2 at step 115: switch autocast to
+ bfloat16 (8 exponent bits, the range of float32); its loss stayed within 0.012 of float32'
+"""
+
+from __future__ import annotations
+
+from nandoctor.report.comparison import CompareRun
+
+HEADROOM_WARNING = 0.5  # a peak above half of 65504 leaves little room
+
+
+def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> str:
+    base = next((r for r in runs if r.dtype == config_dtype), runs[0])
+    others = [r for r in runs if r is not base]
+    survivors = [r for r in others if r.status == "healthy"]
+    if any(r.status == "interrupted" for r in runs):
+        return "interrupted before every dtype had run; no verdict"
+    if base.status == "healthy" and not any(r.status == "nonfinite" for r in others):
+        return _all_healthy(base, others, steps)
+    if base.status == "healthy":
+        failed = ", ".join(_failed_at(r) for r in others if r.status == "nonfinite")
+        return f"{base.dtype}, the config's dtype, stayed finite for all {steps} steps; {failed}: keep {base.dtype}"  # noqa: E501
+    if survivors:
+        return _switch(base, _preferred(survivors), steps)
+    failures = ", ".join(f"{r.dtype} at step {r.first_nonfinite_step}" for r in runs)
+    later = [r for r in others if (r.first_nonfinite_step or 0) > (base.first_nonfinite_step or 0)]
+    delay = f"; {later[0].dtype} only delays it" if later else ""
+    return (
+        f"every dtype went non-finite ({failures}){delay}: the dtype is not the cause, so "
+        "changing it will not help; run `nandoctor diagnose` for the cause"
+    )
+
+
+def _all_healthy(base: CompareRun, others: list[CompareRun], steps: int) -> str:
+    sentence = f"every dtype stayed finite for all {steps} steps"
+    tight = _headroom_clause(base)
+    if tight and base.dtype == "float16":
+        sentence += f", but {tight}: little headroom left, consider bfloat16"
+    drifts = [
+        f"{r.dtype} within {r.max_abs_loss_diff_vs_reference:.3g}"
+        for r in [base, *others]
+        if r.max_abs_loss_diff_vs_reference  # None without float32; 0 for float32 itself
+    ]
+    return sentence + (f"; loss against float32: {', '.join(drifts)}" if drifts else "")
+
+
+def _switch(base: CompareRun, survivor: CompareRun, steps: int) -> str:
+    sentence = f"{survivor.dtype} survived all {steps} steps where {_failed_at(base)}"
+    tight = _headroom_clause(base)
+    if tight:
+        sentence += f"; {tight}"
+    advice = {
+        "bfloat16": "switch autocast to bfloat16 (8 exponent bits: the range of float32)",
+        "float32": "only float32 survived: keep the failing part of the model in float32",
+    }.get(survivor.dtype, f"switch to {survivor.dtype}")
+    sentence += f": {advice}"
+    drift = survivor.max_abs_loss_diff_vs_reference
+    if drift is not None and survivor.dtype != "float32":
+        sentence += f"; its loss stayed within {drift:.3g} of float32's"
+    return sentence
+
+
+def _preferred(survivors: list[CompareRun]) -> CompareRun:
+    order = {"bfloat16": 0, "float16": 1, "float32": 2}
+    return min(survivors, key=lambda r: order.get(r.dtype, 3))
+
+
+def _failed_at(run: CompareRun) -> str:
+    phase = f" (phase {run.first_nonfinite_phase})" if run.first_nonfinite_phase else ""
+    return f"{run.dtype} went non-finite at step {run.first_nonfinite_step}{phase}"
+
+
+def _headroom_clause(run: CompareRun) -> str | None:
+    if not run.headroom or run.headroom[0].peak_fraction < HEADROOM_WARNING:
+        return None
+    h = run.headroom[0]
+    grad = (h.gradient_fraction or 0) > h.activation_fraction
+    kind, step = ("gradient", h.gradient_step) if grad else ("activation", h.activation_step)
+    fraction = min(h.peak_fraction, 1.0)
+    return f"{run.dtype}'s {kind} was at {fraction:.0%} of float16's range in {h.module or '(root)'} at step {step}"  # noqa: E501

@@ -1,0 +1,145 @@
+"""What the tracer needs to know about one operator call: its tensors by argument name,
+which arguments it writes, where in the user's code it was issued, and its float32 twin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from nandoctor.errors import is_nandoctor_file, is_user_file
+from nandoctor.report.evidence import Recompute
+
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def op_name(func: Any) -> str:
+    """`aten.log.default`, as SPEC.md spells operators."""
+    return str(func)
+
+
+def named_tensors(func: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor argument with its schema name; list arguments as `name[i]`."""
+    names = [a.name for a in func._schema.arguments]
+    pairs = [*zip(names, args, strict=False), *kwargs.items()]
+    for name, value in pairs:
+        if isinstance(value, torch.Tensor):
+            yield name, value
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                if isinstance(v, torch.Tensor):
+                    yield f"{name}[{i}]", v
+
+
+def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """The arguments an in-place or out= op writes into (a parameter in `add_`)."""
+    if not func._schema.is_mutable:
+        return []
+    writes = {
+        a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    }
+    return [(n, t) for n, t in named_tensors(func, args, kwargs) if n.split("[")[0] in writes]
+
+
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+def scalar_nonfinite(args: tuple, kwargs: dict) -> tuple[bool, bool]:
+    """(NaN, inf) among plain-number arguments: `masked_fill(mask, -inf)` means it."""
+    values = [v for v in _flat([*args, *kwargs.values()]) if isinstance(v, float)]
+    return any(math.isnan(v) for v in values), any(math.isinf(v) for v in values)
+
+
+def scalars_text(func: Any, args: tuple, kwargs: dict) -> list[str]:
+    names = [a.name for a in func._schema.arguments]
+    pairs = [*zip(names, args, strict=False), *kwargs.items()]
+    return [
+        f"{n}={v!r}"
+        for n, v in pairs
+        if isinstance(v, (int, float, bool)) and not isinstance(v, torch.Tensor)
+    ]
+
+
+def _flat(values: list) -> Iterator[Any]:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _flat(list(v))
+        else:
+            yield v
+
+
+def user_source() -> str | None:
+    """`path:line` of the innermost frame in the user's code that issued the op.
+
+    The walk skips the probes' own frames (the modes) and torch's; it stops at any other
+    frame of nandoctor's (the loop that called into torch): an op the optimizer or the
+    scaler issued has no user line, whatever called nandoctor.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if is_user_file(filename):
+            return f"{_display_path(filename)}:{frame.f_lineno}"
+        if is_nandoctor_file(filename) and not _is_probe_file(filename):
+            return None
+        frame = frame.f_back
+    return None
+
+
+_PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_probe_file(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
+
+
+def _display_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+def recompute_float32(func: Any, args: tuple, kwargs: dict, index: int = 0) -> Recompute | None:
+    """Run the op again with its reduced-precision inputs upcast to float32.
+
+    Finite there: a precision problem (overflow, underflow). Still non-finite: the math
+    itself (log of zero, 0/0, a domain error). In-place ops are not rerun: their input
+    is gone.
+    """
+    if func._schema.is_mutable:
+        return None
+    try:
+        up_args = tuple(_upcast(a) for a in args)
+        up_kwargs = {k: _upcast(v) for k, v in kwargs.items()}
+        if up_kwargs.get("dtype") in _REDUCED:
+            up_kwargs["dtype"] = torch.float32
+        outs = [t for t in output_tensors(func(*up_args, **up_kwargs)) if t.is_floating_point()]
+    except Exception as e:  # an op without a float32 kernel for these arguments
+        return Recompute("float32", finite=False, absmax=None, error=f"{type(e).__name__}: {e}")
+    if not outs:
+        return None
+    out = outs[min(index, len(outs) - 1)]
+    finite = bool(torch.isfinite(out).all())
+    absmax = float(torch.where(torch.isfinite(out), out.abs(), 0).max()) if out.numel() else 0.0
+    return Recompute("float32", finite=finite, absmax=absmax)
+
+
+def _upcast(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        v = value.detach()
+        return v.float() if v.dtype in _REDUCED else v.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_upcast(v) for v in value)
+    return value

@@ -1,0 +1,57 @@
+"""Turn tensors into `TensorStats` (host numbers) for the evidence. Replay-only: each
+call reads back to the host, which the fast path never does."""
+
+from __future__ import annotations
+
+import torch
+
+from nandoctor.report.evidence import TensorStats
+
+
+def tensor_stats(name: str, t: torch.Tensor) -> TensorStats:
+    x = t.detach()
+    if x.is_complex():
+        x = x.abs()
+    finite = torch.isfinite(x)
+    values = x[finite].float() if x.is_floating_point() else x.reshape(-1).float()
+    counts = torch.stack(
+        [
+            (x == 0).sum(),
+            (x < 0).sum(),
+            torch.isnan(x).sum(),
+            (x == float("inf")).sum(),
+            (x == float("-inf")).sum(),
+        ]
+    ).tolist()
+    lo, hi, absmax = (
+        (values.min(), values.max(), values.abs().max()) if values.numel() else (0, 0, 0)
+    )
+    return TensorStats(
+        name=name,
+        dtype=str(x.dtype).removeprefix("torch."),
+        shape=list(x.shape),
+        numel=x.numel(),
+        absmax=float(absmax),
+        min=float(lo),
+        max=float(hi),
+        zeros=int(counts[0]),
+        negatives=int(counts[1]),
+        nan=int(counts[2]),
+        posinf=int(counts[3]),
+        neginf=int(counts[4]),
+        dtype_max=float(torch.finfo(x.dtype).max) if x.is_floating_point() else None,
+    )
+
+
+def value_kind(stats: TensorStats) -> str:
+    """SPEC's `value`: nan | inf | -inf | mixed."""
+    kinds = [k for k, n in (("nan", stats.nan), ("inf", stats.posinf), ("-inf", stats.neginf)) if n]
+    return kinds[0] if len(kinds) == 1 else "mixed"
+
+
+def nonfinite_kinds(t: torch.Tensor) -> tuple[bool, bool]:
+    """(has NaN, has ±inf), read on the host."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return False, False
+    flags = torch.stack([torch.isnan(t).any(), torch.isinf(t).any()]).tolist()
+    return bool(flags[0]), bool(flags[1])

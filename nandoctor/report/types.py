@@ -1,0 +1,143 @@
+"""The report: plain data, the seam between the engines and everything that reads them.
+
+Engines (diagnose, compare, watch) build a `Report`; renderers (terminal, Markdown,
+JUnit) and CI read it and never compute anything new. `to_dict()` is the JSON of SPEC.md,
+schema_version 1, for example (abridged)::
+
+    {"schema_version": 1, "command": "diagnose", "status": "nonfinite",
+     "steps_completed": 57,
+     "first_nonfinite": {"step": 57, "phase": "loss", "module": null, ...},
+     "causes": [], "events": [{"step": 12, "kind": "scaler-skip", "scale": 32768.0}],
+     "telemetry": {"step": [0, 1, ...], "loss": [2.3, 2.1, ...], ...}}
+
+Non-finite floats are written as the strings "nan", "inf" and "-inf" (JSON has no NaN);
+`from_dict` reads them back as floats. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from nandoctor.gate.check import Gate
+from nandoctor.report.evidence import Evidence
+from nandoctor.report.health import Health
+from nandoctor.report.telemetry import Event, Telemetry
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str = "nandoctor"
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class Environment:
+    device: str
+    torch: str
+    dtype: str
+    grad_scaler: bool
+    threads: int
+
+
+@dataclass(frozen=True)
+class FirstNonfinite:
+    """Where the first non-finite value appeared. Fields other than step and phase stay
+    None until the instrumented replay localises the tensor."""
+
+    step: int
+    phase: str
+    module: str | None = None
+    op: str | None = None
+    tensor: str | None = None
+    value: str | None = None  # nan | inf | -inf | mixed
+    dtype: str | None = None
+    shape: list[int] | None = None
+    count_nonfinite: int | None = None
+    source: str | None = None
+    reproduced: bool | None = None
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank of a data-parallel run."""
+
+    rank: int
+    status: str  # origin: went non-finite on its own | inherited: through the all-reduce | clean
+    first_nonfinite: FirstNonfinite | None = None  # what this rank's replay saw first
+
+
+@dataclass(frozen=True)
+class Cause:
+    id: str
+    title: str
+    confidence: float
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+    verified: bool | None = None
+    verification: str | None = None
+
+
+@dataclass
+class Report:
+    command: str
+    config: str
+    environment: Environment
+    status: str  # healthy | nonfinite | error | interrupted
+    steps_completed: int
+    summary: str = ""  # one sentence: what happened
+    first_nonfinite: FirstNonfinite | None = None
+    causes: list[Cause] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    evidence: Evidence | None = None  # what the instrumented replay of the bad step saw
+    health: Health | None = None  # numeric health, when a gate or baseline asked for it
+    gate: Gate | None = None  # the baseline comparison, with --baseline
+    ranks: list[RankReport] | None = None  # data-parallel runs: one entry per rank
+    timing: dict[str, float] = field(default_factory=dict)  # seconds; excluded from equality
+    name: str | None = None
+    notes: list[str] = field(default_factory=list)
+    tool: Tool = field(default_factory=Tool)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def healthy(self) -> bool:
+        return self.status == "healthy"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        ordered = {k: data[k] for k in _ORDER if k in data}
+        return jsonable(ordered)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        """The inverse of `to_dict` (for baselines, tests and tools reading reports)."""
+        return TypeAdapter(cls).validate_python(data)
+
+
+_ORDER = (
+    "schema_version", "tool", "command", "name", "config", "environment", "status",
+    "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "evidence",
+    "health", "gate", "ranks", "notes", "timing",
+)  # fmt: skip
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values; non-finite floats become "nan", "inf" and "-inf"."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj

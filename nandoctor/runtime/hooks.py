@@ -1,0 +1,263 @@
+"""Drive the probes of `nandoctor.runtime.step` from a training loop nandoctor did not write.
+
+`runtime.step.run_step` announces each phase of a step to a probe. A user's own loop announces
+nothing, so `StepHooks` reconstructs the same announcements from PyTorch's global hooks
+(module forwards, optimizer steps) and the few wrappers of `runtime.wrappers` (backward,
+GradScaler, clipping)::
+
+    model(x) with grad enabled        step_started (first event of a step)
+                                      INPUT (the model's inputs), LOSS opens,
+                                      FORWARD opens ... FORWARD ends (its output)
+    loss.backward() / scaler.scale(loss).backward()
+                                      LOSS ends (ctx.loss, unscaled), BACKWARD opens
+                                      ... BACKWARD ends when backward returns (the
+                                      grads are final for this micro-batch); the phase
+                                      stays BACKWARD for unscale_ and clipping
+    optimizer.step() / scaler.step()  OPTIMIZER ... OPTIMIZER ends, then step_ended:
+                                      one step per step of the first optimizer seen
+
+The model is the outermost module that runs with grad enabled and owns trainable
+parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase). Forwards
+under `no_grad` (evaluation) and recomputations inside backward (checkpointing) are not
+steps. `optimizer.step(closure)` runs the closure's forward and backward inside the step;
+its OPTIMIZER phase is announced after them. In `explicit` mode (`Guard.step`) the
+caller opens and closes each step and names its batch; optimizer steps then only mark
+the OPTIMIZER phase.
+
+Everything here is host-side bookkeeping; the probe decides what runs on the device.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+from torch.utils.weak import WeakIdKeyDictionary
+
+from nandoctor.runtime import wrappers as patches
+from nandoctor.runtime import amp
+from nandoctor.runtime.hooked import Run
+from nandoctor.runtime.probe import Phase, Probe, StepContext
+
+StepCallback = Callable[[StepContext], None]
+
+
+class StepHooks:
+    """Attach with `with StepHooks(run, probe):`; `probe` may be swapped between steps."""
+
+    def __init__(
+        self,
+        run: Run,
+        probe: Probe,
+        *,
+        model: nn.Module | None = None,
+        explicit: bool = False,
+        start_step: int = 0,
+        on_step_start: StepCallback | None = None,
+        on_step_end: StepCallback | None = None,
+    ) -> None:
+        self.run, self.probe, self.explicit = run, probe, explicit
+        self.step = start_step
+        self.ctx: StepContext | None = None
+        self.on_step_start, self.on_step_end = on_step_start, on_step_end
+        self._model_ids = {id(m) for m in model.modules()} if model is not None else None
+        self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._handles: list[Any] = []
+        self._depth = 0  # module calls under way
+        self._root = False  # a call of the model is under way
+        self._backward = 0  # backward calls under way
+        self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
+        self._worked = False  # this step has run a forward or a backward
+        self._scaled: tuple[weakref.ref, torch.Tensor, torch.Tensor | None] | None = None
+
+    # -- attach / detach -------------------------------------------------------------
+    def __enter__(self) -> StepHooks:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
+            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
+        ]
+        patches.register(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        patches.unregister(self)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    # -- explicit steps (Guard.step) ------------------------------------------------------
+    def begin(self, batch: Any) -> StepContext:
+        ctx = self._open(batch)
+        self._phase(ctx, Phase.INPUT, batch)
+        return ctx
+
+    def end(self) -> None:
+        if self.ctx is not None:
+            self._close()
+
+    def abandon(self) -> None:
+        """The user's step raised: forget the half-done step and every counter."""
+        self.ctx, self._scaled = None, None
+        self._depth = self._backward = self._optim = 0
+        self._root = False
+
+    # -- module forwards ------------------------------------------------------------------
+    def _pre(self, module: nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():  # NB: keeps the hooks out of compiled graphs
+            return
+        depth, self._depth = self._depth, self._depth + 1
+        if depth or self._backward or not torch.is_grad_enabled() or not self._is_model(module):
+            return
+        self.run.note_model(module)  # NB: before the step opens, so its probes know the model
+        ctx = self._current()
+        if ctx is None:
+            return
+        self._root, self._worked = True, True
+        if not self.explicit:  # without a named batch, the model's inputs are the batch
+            self._phase(ctx, Phase.INPUT, args)
+        if ctx.phase is not Phase.LOSS:
+            ctx.phases[:] = [Phase.LOSS]
+            self.probe.phase_started(ctx, Phase.LOSS)
+        ctx.phases.append(Phase.FORWARD)
+        self.probe.phase_started(ctx, Phase.FORWARD)
+
+    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
+        self._depth = max(0, self._depth - 1)
+        ctx = self.ctx
+        if self._depth or not self._root or ctx is None:
+            return
+        self._root = False
+        if ctx.phase is Phase.FORWARD:
+            ctx.output = output
+            self.probe.phase_ended(ctx, Phase.FORWARD)
+            ctx.phases.pop()
+            ctx.output = None  # NB: the probe has queued its check; do not hold the graph
+
+    def _is_model(self, module: nn.Module) -> bool:
+        if self._model_ids is not None:
+            return id(module) in self._model_ids
+        known = self._is_model_cache.get(module)
+        if known is None:
+            known = any(p.requires_grad for p in module.parameters())
+            self._is_model_cache[module] = known
+        return known
+
+    # -- backward (patches.Listener) --------------------------------------------------------
+    def backward_started(self, tensors: Any) -> None:
+        self._backward += 1
+        ctx = self._current() if self._backward == 1 else None
+        if ctx is None:
+            return
+        self._worked = True
+        loss, scale = self._loss_of(tensors)
+        if loss is not None:
+            ctx.loss = loss if ctx.loss is None else _first_nonfinite(ctx.loss, loss)
+            self.probe.phase_ended(ctx, Phase.LOSS)
+        self.run.grad_scale = scale
+        ctx.phases[:] = [Phase.BACKWARD]
+        self.probe.phase_started(ctx, Phase.BACKWARD)
+
+    def backward_ended(self, ok: bool) -> None:
+        self._backward = max(0, self._backward - 1)
+        ctx = self.ctx
+        if not self._backward and ok and ctx is not None and ctx.phase is Phase.BACKWARD:
+            self.probe.phase_ended(ctx, Phase.BACKWARD)  # the phase stays open for unscale_
+
+    def _loss_of(self, tensors: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The unscaled loss behind the tensor given to backward, and its loss scale."""
+        t = tensors
+        if isinstance(t, (list, tuple)) and len(t) == 1:
+            t = t[0]
+        scaled, self._scaled = self._scaled, None
+        if not isinstance(t, torch.Tensor):
+            return None, None
+        if scaled is not None and scaled[0]() is t:
+            return scaled[1].detach().float().reshape(()), scaled[2]
+        return (t.detach().float().reshape(()) if t.numel() == 1 else None), None
+
+    def scaled(self, scaler: torch.amp.GradScaler, loss: torch.Tensor, out: torch.Tensor) -> None:
+        self.run.note_scaler(scaler)
+        self._scaled = (weakref.ref(out), loss, amp.scale_tensor(scaler))
+
+    def clipped(self, max_norm: float | None) -> None:
+        if self.ctx is not None:
+            self.run.clip_grad_norm = max_norm
+
+    # -- optimizer steps ------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.optimizer_entered(optimizer, None)
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.optimizer_exited(optimizer, True)
+
+    def optimizer_entered(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
+        depth, self._optim = self._optim, self._optim + 1
+        ctx = self._current() if depth == 0 else None
+        if ctx is None:
+            return
+        self.run.note_optimizer(optimizer, stepping=True)
+        if not self._worked:  # optimizer.step(closure): forward and backward come inside
+            return
+        ctx.phases[:] = [Phase.OPTIMIZER]
+        self.probe.phase_started(ctx, Phase.OPTIMIZER)
+
+    def optimizer_exited(self, optimizer: torch.optim.Optimizer, ok: bool) -> None:
+        self._optim = max(0, self._optim - 1)
+        ctx = self.ctx
+        if self._optim or ctx is None:
+            return
+        if not ok:
+            self.abandon()
+            return
+        if ctx.phase is not Phase.OPTIMIZER:
+            ctx.phases[:] = [Phase.OPTIMIZER]
+            self.probe.phase_started(ctx, Phase.OPTIMIZER)
+        self.probe.phase_ended(ctx, Phase.OPTIMIZER)
+        ctx.phases.clear()
+        if not self.explicit and optimizer is self.run.clock:
+            self._close()
+
+    # -- steps ------------------------------------------------------------------------------
+    def _current(self) -> StepContext | None:
+        """The step under way; outside `explicit` mode, any training event opens one."""
+        if self.ctx is None and not self.explicit:
+            return self._open(None)
+        return self.ctx
+
+    def _open(self, batch: Any) -> StepContext:
+        ctx = StepContext(self.run, self.step, batch)  # type: ignore[arg-type]
+        if self.on_step_start is not None:
+            self.on_step_start(ctx)
+        self.ctx, self._worked = ctx, False
+        self.probe.step_started(ctx)
+        return ctx
+
+    def _close(self) -> None:
+        ctx, self.ctx = self.ctx, None
+        assert ctx is not None
+        ctx.phases.clear()
+        self.probe.step_ended(ctx)
+        self.step += 1
+        if self.on_step_end is not None:
+            self.on_step_end(ctx)
+
+    def _phase(self, ctx: StepContext, phase: Phase, batch: Any) -> None:
+        ctx.phases.append(phase)
+        ctx.batch = batch
+        self.probe.phase_started(ctx, phase)
+        self.probe.phase_ended(ctx, phase)
+        ctx.phases.pop()
+
+
+def _first_nonfinite(kept: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """With several backward calls a step (accumulation), a bad loss is not overwritten."""
+    return torch.where(torch.isfinite(kept), new, kept)

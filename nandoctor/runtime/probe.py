@@ -1,0 +1,113 @@
+"""The interface between the one training step and everything that watches it.
+
+The loop (`nandoctor.runtime.step.run_step`) calls, for every optimizer step::
+
+    step_started(ctx)
+      phase_started(ctx, INPUT)     ... phase_ended(ctx, INPUT)      ctx.batch is on the device
+      phase_started(ctx, LOSS)                                       the user's loss callable runs
+        phase_started(ctx, FORWARD) ... phase_ended(ctx, FORWARD)    each call of the root model;
+                                                                     ctx.output is its output
+      ... phase_ended(ctx, LOSS)                                     ctx.loss is set
+      phase_started(ctx, BACKWARD)  ... phase_ended(ctx, BACKWARD)   grads unscaled (and clipped);
+                                                                     ctx.grad_norm when clip made it
+      phase_started(ctx, OPTIMIZER) ... phase_ended(ctx, OPTIMIZER)  step, scaler update, scheduler
+    step_ended(ctx)
+
+`ctx.phase` always names the innermost phase under way, so a probe that sees operators
+(the tracer) knows where each one ran. A probe must not change the math unless it is a
+patch (the what-if replays); it installs what it needs in `__enter__` and removes all of
+it in `__exit__`, exceptions included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from nandoctor.setup.session import Session
+
+
+class Phase(str, Enum):
+    """Where in a step a value was produced, as SPEC.md names it."""
+
+    INPUT = "input"
+    FORWARD = "forward"
+    LOSS = "loss"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    PARAMETERS = "parameters"  # non-finite before the step began
+
+
+@dataclass
+class StepContext:
+    """What one step has produced so far; probes read it, only the loop writes it."""
+
+    session: Session
+    step: int
+    batch: Any
+    phases: list[Phase] = field(default_factory=list)
+    output: Any = None
+    loss: torch.Tensor | None = None
+    grad_norm: torch.Tensor | None = None
+
+    @property
+    def phase(self) -> Phase | None:
+        return self.phases[-1] if self.phases else None
+
+
+class Probe:
+    """Base class: every hook is a no-op; a probe overrides the ones it needs."""
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def step_started(self, ctx: StepContext) -> None:
+        pass
+
+    def phase_started(self, ctx: StepContext, phase: Phase) -> None:
+        pass
+
+    def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
+        pass
+
+    def step_ended(self, ctx: StepContext) -> None:
+        pass
+
+
+class Probes(Probe):
+    """Several probes notified in order (and exited in reverse order)."""
+
+    def __init__(self, *probes: Probe) -> None:
+        self.probes = [p for p in probes if p is not None]
+
+    def __enter__(self) -> Probes:
+        for p in self.probes:
+            p.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in reversed(self.probes):
+            p.__exit__(*exc)
+
+    def step_started(self, ctx: StepContext) -> None:
+        for p in self.probes:
+            p.step_started(ctx)
+
+    def phase_started(self, ctx: StepContext, phase: Phase) -> None:
+        for p in self.probes:
+            p.phase_started(ctx, phase)
+
+    def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
+        for p in self.probes:
+            p.phase_ended(ctx, phase)
+
+    def step_ended(self, ctx: StepContext) -> None:
+        for p in self.probes:
+            p.step_ended(ctx)

@@ -1,0 +1,246 @@
+"""The sentinel: the cheap watch that finds the first bad step of a run.
+
+At each phase boundary it adds a 0-dim flag to a list on the device (never reading it);
+at the end of the step it stacks flags and telemetry into one small tensor and reads it
+on the host: the only synchronisation it adds, once per step. On CUDA even that read is
+deferred by a step (a non-blocking copy into pinned memory plus an event), so the host
+never waits for the GPU to drain; the verdict of step N arrives after step N+1 was queued.
+
+A reading becomes a `Verdict` in `judge`, which holds the rules of SPEC.md: the first
+phase whose values went non-finite is the failure; a GradScaler skip is an event, and
+becomes a failure only when skips repeat until the scale collapses.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from nandoctor.runtime import amp
+from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.tensors import floating, gradient_check, nonfinite
+
+if TYPE_CHECKING:
+    from nandoctor.setup.session import Session
+
+MAX_SKIP_STREAK = 32  # consecutive scaler skips that count as a collapse (2**32 of range)
+MIN_SCALE = 1.0  # a loss scale below this (and below init_scale / 2**16) has collapsed
+
+# The packed reading, in this order: one float32 per slot.
+_SLOTS = (
+    "params_before",
+    "input",
+    "forward",
+    "loss_bad",
+    "local_grads",  # this rank's gradients before the all-reduce (== grads outside DDP)
+    "grads",
+    "params",
+    "loss",
+    "grad_norm",
+    "scale",
+)
+_ORIGIN_SLOTS = ("params_before", "input", "forward", "loss_bad", "local_grads")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the sentinel saw in one step, on the host."""
+
+    step: int
+    params_before: bool
+    input: bool
+    forward: bool
+    loss_bad: bool
+    grads: bool
+    params: bool
+    loss: float
+    grad_norm: float
+    scale: float | None
+    origin_ranks: tuple[int, ...] = ()  # ranks that went non-finite on their own
+    inherited_ranks: tuple[int, ...] = ()  # ranks that only got it through the all-reduce
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one step: failed (with the step and phase), skipped, or clean."""
+
+    reading: Reading
+    failed: bool = False
+    step: int | None = None  # the first bad step; a scale collapse points back to its streak
+    phase: Phase | None = None
+    skipped: bool = False
+    streak_start: int | None = None  # with `skipped`: the first step of the current streak
+    why: str = ""
+
+
+class Sentinel(Probe):
+    """Watches every step of a session; `collect()` yields the verdicts as they arrive."""
+
+    def __init__(
+        self, session: Session, *, defer: bool | None = None, thorough: bool = False
+    ) -> None:
+        """`thorough` also checks the model's output and the weights after each update
+        (two more passes a step): exact phases without a replay, for `compare`. `diagnose`
+        leaves them to the replay, which names the phase anyway: a non-finite output shows
+        in the loss, and weights an update broke show at the next step, which the replay
+        traces back to that update."""
+        self.thorough = thorough
+        self.device = session.device
+        self.ranks = session.ranks
+        self.defer = self.device.type == "cuda" if defer is None else defer
+        self._flags: dict[str, torch.Tensor] = {}
+        self._pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None, bool]] = []
+        self._checked_params_once = False
+        self._judge = Judge.for_scaler(session.scaler)
+
+    # -- probe hooks: device work only -------------------------------------------------
+    def step_started(self, ctx: StepContext) -> None:
+        self._flags = {}
+        if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
+            self._flags["params_before"] = nonfinite(ctx.session.params, self.device)
+            self._checked_params_once = True
+
+    def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
+        flags = self._flags
+        if phase is Phase.INPUT:
+            flags["input"] = nonfinite(floating(ctx.batch), self.device)
+        elif phase is Phase.FORWARD and self.thorough:
+            bad = nonfinite(floating(ctx.output), self.device)
+            flags["forward"] = flags["forward"] | bad if "forward" in flags else bad
+        elif phase is Phase.LOSS:
+            flags["loss"] = ctx.loss.detach().float()
+            flags["loss_bad"] = _bad(flags["loss"])
+        elif phase is Phase.BACKWARD:
+            self._grads_ended(ctx)
+        elif phase is Phase.OPTIMIZER and self.thorough:
+            flags["params"] = nonfinite(ctx.session.params, self.device)
+
+    def _grads_ended(self, ctx: StepContext) -> None:
+        grads = [p.grad for p in ctx.session.params if p.grad is not None]
+        norm, bad = gradient_check(grads, self.device, ctx.grad_norm)
+        self._flags["grad_norm"], self._flags["grads"] = norm, bad
+        local = self.ranks.local_grads_bad() if self.ranks is not None else None
+        self._flags["local_grads"] = local if local is not None else self._flags["grads"]
+        scale = amp.scale_tensor(ctx.session.scaler)
+        if scale is not None:  # the scale this step used; update() changes it in place
+            self._flags["scale"] = scale.detach().clone()
+
+    def step_ended(self, ctx: StepContext) -> None:
+        has_scaler = ctx.session.scaler is not None
+        zero = torch.zeros((), device=self.device)
+        packed = torch.stack([self._flags.get(k, zero).double().reshape(()) for k in _SLOTS])
+        if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
+            packed = self.ranks.gather_rows(packed)
+        if self.defer:
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending.append((ctx.step, host, event, has_scaler))
+        else:
+            self._pending.append((ctx.step, packed, None, has_scaler))
+        self._flags = {}
+
+    # -- host side ------------------------------------------------------------------
+    def collect(self, final: bool = False) -> Iterator[Verdict]:
+        """Verdicts of the steps whose readings are ready; with `final`, of all of them."""
+        keep = 0 if (final or not self.defer) else 1
+        while len(self._pending) > keep:
+            step, values, event, has_scaler = self._pending.pop(0)
+            if event is not None:
+                event.synchronize()
+            rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
+            yield self._judge(_reading(step, rows, has_scaler))
+
+
+def _bad(value: torch.Tensor) -> torch.Tensor:
+    return ~torch.isfinite(value)
+
+
+def _reading(step: int, rows: list[list[float]], has_scaler: bool) -> Reading:
+    """One reading from every rank's row: a flag is up if any rank raised it."""
+    per_rank = [dict(zip(_SLOTS, row, strict=True)) for row in rows]
+    any_rank = {k: any(r[k] for r in per_rank) for k in _SLOTS}
+    origin = tuple(i for i, r in enumerate(per_rank) if any(r[k] for k in _ORIGIN_SLOTS))
+    bad = [i for i, r in enumerate(per_rank) if r["grads"] or r["params"]]
+    first = per_rank[0]
+    return Reading(
+        step=step,
+        params_before=any_rank["params_before"],
+        input=any_rank["input"],
+        forward=any_rank["forward"],
+        loss_bad=any_rank["loss_bad"],
+        grads=any_rank["grads"],
+        params=any_rank["params"],
+        loss=statistics.fmean(r["loss"] for r in per_rank),
+        grad_norm=first["grad_norm"],  # the same on every rank after the all-reduce
+        scale=first["scale"] if has_scaler else None,
+        origin_ranks=origin if len(per_rank) > 1 else (),
+        inherited_ranks=tuple(i for i in bad if i not in origin) if len(per_rank) > 1 else (),
+    )
+
+
+class Judge:
+    """Turns readings into verdicts, remembering the current streak of scaler skips."""
+
+    def __init__(
+        self, max_streak: int = MAX_SKIP_STREAK, min_scale: float = MIN_SCALE, backoff: float = 0.5
+    ) -> None:
+        self.max_streak = max_streak
+        self.min_scale = min_scale
+        self.backoff = backoff
+        self.streak_start: int | None = None
+        self.streak = 0
+
+    @classmethod
+    def for_scaler(cls, scaler: torch.amp.GradScaler | None) -> Judge:
+        if scaler is None:
+            return cls()
+        # NB: a user who starts at a tiny init_scale on purpose has not collapsed at 1.0.
+        min_scale = min(MIN_SCALE, scaler.get_scale() / 2**16)
+        return cls(min_scale=min_scale, backoff=scaler.get_backoff_factor())
+
+    def __call__(self, r: Reading) -> Verdict:
+        for phase, flagged, why in (
+            (Phase.PARAMETERS, r.params_before, "parameters were non-finite before the step"),
+            (Phase.INPUT, r.input, "the batch held non-finite values"),
+            (Phase.FORWARD, r.forward, "the model's output was non-finite"),
+            (Phase.LOSS, r.loss_bad, "the loss was non-finite"),
+        ):
+            if flagged:
+                return Verdict(r, failed=True, step=r.step, phase=phase, why=why)
+        if r.grads:
+            return self._bad_gradients(r)
+        self.streak, self.streak_start = 0, None
+        if r.params:
+            why = "the optimizer's update made parameters non-finite"
+            return Verdict(r, failed=True, step=r.step, phase=Phase.OPTIMIZER, why=why)
+        return Verdict(r)
+
+    def _bad_gradients(self, r: Reading) -> Verdict:
+        if r.scale is None:
+            why = "gradients were non-finite (no GradScaler to skip the step)"
+            return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, why=why)
+        if self.streak == 0:
+            self.streak_start = r.step
+        self.streak += 1
+        next_scale = r.scale * self.backoff
+        if self.streak >= self.max_streak or next_scale < self.min_scale:
+            why = (
+                f"the GradScaler skipped {self.streak} steps in a row from step "
+                f"{self.streak_start}; the loss scale fell to {_fmt(next_scale)}"
+            )
+            return Verdict(r, failed=True, step=self.streak_start, phase=Phase.BACKWARD, why=why)
+        return Verdict(r, skipped=True, streak_start=self.streak_start)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if math.isfinite(x) else str(x)
+
+
+__all__ = ["Judge", "Reading", "Sentinel", "Verdict"]

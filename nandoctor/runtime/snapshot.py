@@ -1,0 +1,248 @@
+"""Capture and restore everything a step depends on, so a step can be replayed exactly.
+
+A `StateSnapshot` holds, in host memory, the weights and buffers, the optimizer's state,
+the GradScaler's scale and growth tracker, the scheduler's state and the RNG states of
+Python, numpy, torch and CUDA. The `SnapshotStore` keeps the two newest snapshots (plus
+one pinned where a GradScaler streak began) and every batch since the oldest of them, so
+any step since then can be reached: restore the snapshot, re-run the steps up to it.
+
+Policy: `every: auto` snapshots every step while the state is small and every K steps
+when it is large (K grows with the bytes to copy, so the copy stays a small part of a
+step); `every: N` forces it. Buffers are allocated once and reused, so capturing costs a
+copy, not an allocation.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nandoctor.runtime import amp
+from nandoctor.runtime.tensors import iter_tensors, map_tensors
+from nandoctor.setup.session import Session
+
+AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
+AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
+AUTO_MAX_EVERY = 64  # ...and at most this many
+
+
+@dataclass
+class RngState:
+    python: Any
+    numpy: Any
+    torch: torch.Tensor
+    cuda: list[torch.Tensor] | None
+
+    @classmethod
+    def capture(cls) -> RngState:
+        numpy = sys.modules.get("numpy")
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return cls(
+            random.getstate(),
+            numpy.random.get_state() if numpy is not None else None,
+            torch.get_rng_state(),
+            cuda,
+        )
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and self.numpy is not None:
+            numpy.random.set_state(self.numpy)
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+@dataclass
+class StateSnapshot:
+    """The training state at the start of `step`, in host memory."""
+
+    step: int = -1
+    model: dict[str, torch.Tensor] = field(default_factory=dict)
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    scaler: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+    scheduler: dict[str, Any] | None = None
+    rng: RngState | None = None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.model.values(), *iter_tensors(self.optimizer.get("state", {}))]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def capture(self, session: Session, step: int) -> None:
+        self.step = step
+        _copy_into(self.model, session.model.state_dict())
+        optimizer = session.optimizer.state_dict()
+        self.optimizer = {
+            "state": {
+                i: _copy_into(self.optimizer.get("state", {}).get(i, {}), s)
+                for i, s in optimizer["state"].items()
+            },
+            "param_groups": copy.deepcopy(optimizer["param_groups"]),
+        }
+        self.scaler = amp.capture(session.scaler)
+        self.scheduler = (
+            copy.deepcopy(session.scheduler.state_dict()) if session.scheduler else None
+        )
+        self.rng = RngState.capture()
+
+    def restore(self, session: Session) -> None:
+        if session.device.type == "cuda":
+            torch.cuda.synchronize(session.device)  # the async copies into host memory are done
+        session.model.load_state_dict(self.model)
+        # NB: load_state_dict keeps tensors that already sit on the right device and dtype,
+        # and the optimizer then updates them in place: hand it copies, keep ours intact.
+        session.optimizer.load_state_dict(_cloned(self.optimizer))
+        amp.restore(session.scaler, self.scaler)
+        if session.scheduler is not None and self.scheduler is not None:
+            session.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
+        if self.rng is not None:
+            self.rng.restore()
+
+
+def _copy_into(buffers: dict, source: dict) -> dict:
+    """Copy tensors of `source` into same-named host buffers, allocating only new ones."""
+    for key, value in source.items():
+        if not isinstance(value, torch.Tensor):
+            buffers[key] = copy.deepcopy(value)
+            continue
+        value = value.detach()
+        buf = buffers.get(key)
+        if not (
+            isinstance(buf, torch.Tensor) and buf.shape == value.shape and buf.dtype == value.dtype
+        ):
+            pin = value.device.type == "cuda"
+            buf = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pin)
+            buffers[key] = buf
+        buf.copy_(value, non_blocking=True)
+    return buffers
+
+
+def _cloned(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _cloned(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cloned(v) for v in obj]
+    return copy.deepcopy(obj)
+
+
+class SnapshotStore:
+    """The snapshots and batches that let any recent step be replayed."""
+
+    def __init__(self, session: Session, every: int | None = None) -> None:
+        self.session = session
+        self.every = every  # None: decided from the state's size (`auto`)
+        self._snapshots: list[StateSnapshot] = []
+        self._spare: list[StateSnapshot] = []
+        self._pinned: StateSnapshot | None = None
+        self._batches: dict[int, Any] = {}
+
+    def before_step(self, step: int, batch: Any) -> None:
+        self._batches[step] = _host_copy(batch)
+        if not self._snapshots or step - self._snapshots[-1].step >= self._every():
+            self._capture(step)
+        self._forget_old_batches()
+
+    def pin(self, step: int) -> None:
+        """Keep the snapshot that reaches `step` until `unpin` (a scaler streak began)."""
+        self._pinned = self._latest_at_or_before(step)
+
+    def unpin(self) -> None:
+        self._pinned = None
+        self._forget_old_batches()
+
+    def rewind_to(self, step: int, *, earliest: bool = False) -> list[tuple[int, Any]]:
+        """Restore the latest snapshot at or before `step` (with `earliest`, the oldest one
+        that reaches it); return the batches from it up to `step` inclusive: replay them in
+        order and the last one is `step` itself."""
+        snapshot = self._earliest_reaching(step) if earliest else self._latest_at_or_before(step)
+        if snapshot is None or any(s not in self._batches for s in range(snapshot.step, step + 1)):
+            raise LookupError(f"no snapshot reaches step {step}")
+        snapshot.restore(self.session)
+        return [(s, self._batches[s]) for s in range(snapshot.step, step + 1)]
+
+    def rewind_for_replay(self, step: int) -> list[tuple[int, Any]]:
+        """Rewind as far back as the kept snapshots reach (the steps before `step` are
+        replayed too, so their updates can be measured); never past `start_step`."""
+        if step > self.session.start_step:
+            try:
+                return [*self.rewind_to(step - 1, earliest=True), self.batch_at(step)]
+            except LookupError:
+                pass
+        return self.rewind_to(step)
+
+    def batch_at(self, step: int) -> tuple[int, Any]:
+        if step not in self._batches:
+            raise LookupError(f"the batch of step {step} is no longer kept")
+        return step, self._batches[step]
+
+    def capture_now(self, step: int) -> StateSnapshot:
+        snapshot = StateSnapshot()
+        snapshot.capture(self.session, step)
+        return snapshot
+
+    @property
+    def nbytes(self) -> int:
+        kept = {id(s): s for s in [*self._snapshots, self._pinned] if s is not None}
+        batch_bytes = sum(
+            t.numel() * t.element_size() for t in iter_tensors(list(self._batches.values()))
+        )
+        return sum(s.nbytes for s in kept.values()) + batch_bytes
+
+    def _every(self) -> int:
+        if self.every is None:
+            if not self.session.optimizer.state:  # Adam & co. create their state at step 0
+                return 1
+            size = state_bytes(self.session)
+            period = math.ceil(size / AUTO_BYTES_PER_STEP)
+            self.every = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
+        return self.every
+
+    def _capture(self, step: int) -> None:
+        reuse = self._spare.pop() if self._spare else StateSnapshot()
+        reuse.capture(self.session, step)
+        self._snapshots.append(reuse)
+        while len(self._snapshots) > 2:
+            old = self._snapshots.pop(0)
+            if old is not self._pinned:
+                self._spare.append(old)
+
+    def _latest_at_or_before(self, step: int) -> StateSnapshot | None:
+        candidates = [
+            s for s in [*self._snapshots, self._pinned] if s is not None and s.step <= step
+        ]
+        return max(candidates, key=lambda s: s.step, default=None)
+
+    def _earliest_reaching(self, step: int) -> StateSnapshot | None:
+        kept = [s for s in [*self._snapshots, self._pinned] if s is not None and s.step <= step]
+        reaching = [s for s in kept if all(i in self._batches for i in range(s.step, step + 1))]
+        return min(reaching, key=lambda s: s.step, default=None)
+
+    def _forget_old_batches(self) -> None:
+        kept = [s.step for s in [*self._snapshots, self._pinned] if s is not None]
+        oldest = min(kept, default=0)
+        for s in [s for s in self._batches if s < oldest]:
+            del self._batches[s]
+
+
+def state_bytes(session: Session) -> int:
+    """Bytes of weights, buffers and optimizer state: what one snapshot copies."""
+    tensors = [
+        *session.model.state_dict().values(),
+        *iter_tensors(list(session.optimizer.state.values())),
+    ]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _host_copy(batch: Any) -> Any:
+    """A private host copy of the batch: the user's loss may modify its batch in place."""
+    return map_tensors(batch, lambda t: t.detach().to("cpu", copy=True), copy.deepcopy)

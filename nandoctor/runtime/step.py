@@ -1,0 +1,126 @@
+"""The one training step. Every run (the fast watch, the instrumented replay, the what-if
+replays, compare) goes through `run_step`; a probe sees each phase boundary.
+
+The step is the loop users write, with the order that matters spelled out::
+
+    with autocast(dtype):            loss = loss_fn(model, batch)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)       # always before clipping: clip the true gradients
+    clip_grad_norm_(params, max)     # only when the config asks for it
+    scaler.step(optimizer); scaler.update(); scheduler.step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from nandoctor.errors import ConfigError, user_code
+from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.tensors import to_device
+from nandoctor.setup.session import Session
+
+
+def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepContext:
+    ctx = StepContext(session, step, batch)
+    probe.step_started(ctx)
+    with _phase(ctx, probe, Phase.INPUT):
+        ctx.batch = to_device(batch, session.device)
+    session.optimizer.zero_grad(set_to_none=True)
+    with _phase(ctx, probe, Phase.LOSS), _forward_phases(ctx, probe), session.autocast():
+        with user_code(f"loss (step {step})"):
+            loss = session.loss_fn(session.train_model, ctx.batch)
+        ctx.loss = _checked_loss(loss)
+    with _phase(ctx, probe, Phase.BACKWARD):
+        _backward(session, ctx)
+    with _phase(ctx, probe, Phase.OPTIMIZER):
+        _optimizer_step(session, ctx)
+    probe.step_ended(ctx)
+    ctx.output = None  # NB: drop the graph's outputs now, not when ctx goes away
+    return ctx
+
+
+def _backward(session: Session, ctx: StepContext) -> None:
+    assert ctx.loss is not None
+    scaler = session.scaler
+    with user_code(f"backward (step {ctx.step})"):
+        (scaler.scale(ctx.loss) if scaler else ctx.loss).backward()
+    if scaler is not None:
+        scaler.unscale_(session.optimizer)
+    max_norm = session.config.clip_grad_norm
+    if max_norm is not None:
+        ctx.grad_norm = torch.nn.utils.clip_grad_norm_(session.params, max_norm)
+
+
+def _optimizer_step(session: Session, ctx: StepContext) -> None:
+    with user_code("optimizer step"):
+        if session.scaler is not None:
+            session.scaler.step(session.optimizer)
+            session.scaler.update()
+        else:
+            session.optimizer.step()
+    if session.scheduler is not None:
+        _scheduler_step(session, ctx)
+
+
+def _scheduler_step(session: Session, ctx: StepContext) -> None:
+    with user_code("scheduler step"), warnings.catch_warnings():
+        # NB: when the scaler skips the first step, torch warns that the scheduler stepped
+        # before the optimizer; that is the normal order of an fp16 loop, not a user error.
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+        if isinstance(session.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            session.scheduler.step(ctx.loss.detach())
+        else:
+            session.scheduler.step()
+
+
+def _checked_loss(loss: Any) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor):
+        raise ConfigError(f"loss: returned a {type(loss).__name__}, expected a scalar torch.Tensor")
+    if loss.numel() != 1:
+        raise ConfigError(
+            f"loss: returned a tensor of shape {list(loss.shape)}, expected a scalar",
+            hint="reduce it, e.g. with .mean()",
+        )
+    if not loss.requires_grad:
+        raise ConfigError("loss: the returned tensor does not require grad (is it detached?)")
+    return loss.reshape(())
+
+
+@contextlib.contextmanager
+def _phase(ctx: StepContext, probe: Probe, phase: Phase) -> Iterator[None]:
+    ctx.phases.append(phase)
+    probe.phase_started(ctx, phase)
+    try:
+        yield
+        probe.phase_ended(ctx, phase)
+    finally:
+        ctx.phases.pop()
+
+
+@contextlib.contextmanager
+def _forward_phases(ctx: StepContext, probe: Probe) -> Iterator[None]:
+    """Mark each call of the root model, inside the loss callable, as the forward phase."""
+
+    def pre_hook(module: torch.nn.Module, args: Any) -> None:
+        ctx.phases.append(Phase.FORWARD)
+        probe.phase_started(ctx, Phase.FORWARD)
+
+    def post_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        ctx.output = output
+        probe.phase_ended(ctx, Phase.FORWARD)
+        ctx.phases.pop()
+
+    model = ctx.session.model
+    handles = [model.register_forward_pre_hook(pre_hook), model.register_forward_hook(post_hook)]
+    depth = len(ctx.phases)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        del ctx.phases[depth:]  # a forward that raised never reached its post hook

@@ -1,0 +1,200 @@
+"""Data-parallel runs on PyTorch's own distributed engine.
+
+`nandoctor diagnose CONFIG --nproc-per-node N` relaunches itself through
+`torch.distributed.run` (torchrun's code, standalone rendezvous on this node); a user's
+own `torchrun --nnodes ... -m nandoctor diagnose CONFIG` works the same, rendezvous from
+the environment. In each worker, `join` starts the process group, the model is wrapped in
+DistributedDataParallel, and each rank gets its shard of the data.
+
+The sentinel's flags cross ranks once per step, in one small all-reduce of a
+`world_size x slots` tensor (each rank fills its row), so every rank stops at the same
+step and knows which ranks went non-finite **before** the gradient all-reduce (their
+batch, forward, loss or local gradients, seen by a DDP communication hook) and which only
+got it **through** the all-reduce.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from nandoctor.errors import ConfigError
+from nandoctor.setup.schema import DistributedConfig
+
+
+def under_launcher() -> bool:
+    """True inside a worker started by torchrun / torch.distributed.run."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def current_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class Ranks:
+    """This process's place in the job, and the per-step exchange of sentinel flags."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
+        self.rank, self.world_size, self.local_rank, self.device = (
+            rank,
+            world_size,
+            local_rank,
+            device,
+        )
+        self._local_bad = torch.zeros((), dtype=torch.bool, device=device)
+
+    def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        ddp.register_comm_hook(self, _check_then_allreduce)
+        return ddp
+
+    def note_local_gradients(self, bucket_values: torch.Tensor) -> None:
+        self._local_bad = self._local_bad | ~torch.isfinite(bucket_values).all()
+
+    def local_grads_bad(self) -> torch.Tensor:
+        """Whether this rank's own gradients held NaN/inf before the all-reduce; resets."""
+        flag, self._local_bad = self._local_bad, torch.zeros_like(self._local_bad)
+        return flag
+
+    def gather_rows(self, row: torch.Tensor) -> torch.Tensor:
+        table = torch.zeros((self.world_size, row.numel()), dtype=row.dtype, device=row.device)
+        table[self.rank] = row
+        dist.all_reduce(table)
+        return table
+
+    def leave(self) -> None:
+        """Wait for every rank, then close the process group: a process that exits while
+        gloo's threads still run is aborted ("terminate called without an active exception")."""
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def shard(
+        self, make: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> Callable[[], Iterable[Any]]:
+        """The user's data callable, sharded: by its own `rank`/`world_size` parameters when
+        it has them, a DistributedSampler for a map-style DataLoader, else every Nth batch."""
+        if _accepts(make, "rank", "world_size"):
+            return lambda: make(**kwargs, rank=self.rank, world_size=self.world_size)
+        return lambda: self._split(make(**kwargs))
+
+    def _split(self, data: Any) -> Iterable[Any]:
+        loader = torch.utils.data.DataLoader
+        if isinstance(data, loader) and hasattr(data.dataset, "__getitem__") and data.batch_size:
+            shuffle = isinstance(data.sampler, torch.utils.data.RandomSampler)
+            sampler = torch.utils.data.DistributedSampler(
+                data.dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle
+            )
+            return loader(
+                data.dataset,
+                batch_size=data.batch_size,
+                sampler=sampler,
+                num_workers=data.num_workers,
+                collate_fn=data.collate_fn,
+                pin_memory=data.pin_memory,
+                drop_last=data.drop_last,
+            )
+        return _EveryNth(data, self.rank, self.world_size)
+
+
+def _check_then_allreduce(state, bucket):
+    # NB: no annotations: DDP compares them with dist.GradBucket, and ours are strings
+    state.note_local_gradients(bucket.buffer())
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook(None, bucket)
+
+
+class _EveryNth:
+    """Batch i goes to rank i % world_size; re-iterable when the data is."""
+
+    def __init__(self, data: Iterable[Any], rank: int, world_size: int) -> None:
+        self.data, self.rank, self.world_size = data, rank, world_size
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.data), self.rank, None, self.world_size)
+
+
+def join(config: DistributedConfig, device_name: str) -> Ranks | None:
+    """Start the process group when launched by torchrun; None for a single process."""
+    if not under_launcher():
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and device_name != "cpu"
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = config.backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        raise ConfigError("distributed.backend: nccl needs CUDA devices; use gloo on the CPU")
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=config.timeout_s)
+        dist.init_process_group(backend, timeout=timeout)
+    return Ranks(rank, world, local, device)
+
+
+def _accepts(fn: Callable[..., Any], *names: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(n in params for n in names)
+
+
+def launch(argv: list[str], nproc_per_node: int) -> int:
+    """Run `python -m nandoctor ARGV` on `nproc_per_node` workers through torchrun's code;
+    the exit code says what the ranks found (SPEC's codes), or why a rank died."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    # NB: a rank that found a NaN exits 1 on purpose; the launcher need not log it as an error
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, torch.get_num_threads() // nproc_per_node)))
+
+    args = get_args_parser().parse_args(
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc_per_node}",
+            "--max-restarts=0",
+            "-m",
+            "nandoctor",
+            *argv,
+        ]
+    )
+    try:
+        run(args)
+    except ChildFailedError as e:
+        return _exit_code({rank: f.exitcode for rank, f in e.failures.items()})
+    return 0
+
+
+def _exit_code(codes: dict[int, int]) -> int:
+    """The most telling of the ranks' exit codes: a crash over a usage error over rank 0's
+    verdict (the other ranks exit 0 once done, or are stopped when rank 0 is done first)."""
+    for wanted in (3, 2):
+        if wanted in codes.values():
+            return wanted
+    if codes.get(0) in (1, 130):  # rank 0 found a NaN, or was interrupted
+        return codes[0]
+    if 130 in codes.values():
+        return 130
+    return 3  # killed by a signal, or an exit code nandoctor does not use
+
+
+__all__ = ["Ranks", "current_rank", "join", "launch", "under_launcher"]

@@ -1,0 +1,188 @@
+"""Read a config file into a `Config`, or fail with one line per problem.
+
+    configs/run.yaml:7: precision.dtype: unknown dtype 'float8': expected one of float16, ...
+    configs/run.yaml:3: unknown key 'optimiser'; did you mean 'optimizer'?
+
+The YAML is parsed twice with the safe loader: once into nodes, to know the line of every
+key, and once into plain data for pydantic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from nandoctor.errors import ConfigError
+from nandoctor.setup.schema import Config
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config and the file it came from (relative paths start there)."""
+
+    config: Config
+    path: Path
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.resolve().parent
+
+    def with_overrides(self, **changes: object) -> LoadedConfig:
+        """A copy with command-line options applied (`dtype=` reaches into `precision`)."""
+        updates = {k: v for k, v in changes.items() if v is not None}
+        if "dtype" in updates:
+            precision = self.config.precision.model_copy(update={"dtype": updates.pop("dtype")})
+            updates["precision"] = precision
+        return LoadedConfig(self.config.model_copy(update=updates), self.path)
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the config file: {e}") from None
+    data, lines = _parse_yaml(path, text)
+    if data is None:
+        raise ConfigError(
+            f"{path}: the config is empty: expected a mapping with model, data, optimizer"
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of keys (model:, data:, ...); got a {type(data).__name__}"
+        )
+    try:
+        config = Config.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise ConfigError(format_validation_error(path, e, lines)) from None
+    return LoadedConfig(config, path)
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Loc, int]]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: the YAML does not parse: {problem}") from None
+    lines: dict[Loc, int] = {}
+    if root is not None:
+        _index_lines(path, root, (), lines)
+    return data, lines
+
+
+def _index_lines(path: Path, node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+    """Map each key path to its 1-based line; refuse duplicate keys, which YAML hides."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key, line = str(key_node.value), key_node.start_mark.line + 1
+            if key in seen:
+                first = seen[key]
+                raise ConfigError(
+                    f"{path}:{line}: {_dotted((*loc, key))}: duplicate key (first on line {first})"
+                )
+            seen[key] = line
+            lines[(*loc, key)] = line
+            _index_lines(path, value_node, (*loc, key), lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[(*loc, i)] = item.start_mark.line + 1
+            _index_lines(path, item, (*loc, i), lines)
+
+
+def format_validation_error(
+    path: Path, error: pydantic.ValidationError, lines: dict[Loc, int]
+) -> str:
+    errors = sorted(error.errors(), key=lambda e: _line_of(_clean_loc(e), lines) or 0)
+    return "\n".join(_format_one(path, e, lines) for e in errors)
+
+
+def _clean_loc(err: Any) -> Loc:
+    # NB: pydantic puts validator names such as 'function-after[...]' into the location;
+    # a user's key may look alike ('function-'), so only the bracketed form is dropped.
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and _VALIDATOR.match(p)))
+
+
+_VALIDATOR = re.compile(r"^function-(after|before|wrap|plain)\[")
+
+
+def _format_one(path: Path, err: Any, lines: dict[Loc, int]) -> str:
+    loc = _clean_loc(err)
+    line = _line_of(loc, lines)
+    where = f"{path}:{line}" if line else str(path)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key '{_dotted(loc)}'{_did_you_mean(loc)}"
+    if kind == "missing":
+        return f"{where}: missing required key '{_dotted(loc)}'"
+    message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    message = message.replace("Input should be", "expected", 1)
+    message = message.replace("expected greater than", "expected a value greater than")
+    message = message.replace("expected less than", "expected a value less than")
+    got = err.get("input")
+    already_quoted = isinstance(got, str) and repr(got) in message
+    suffix = "" if isinstance(got, dict) or already_quoted else f"; got {got!r}"
+    key = _dotted(loc) or "config"
+    return f"{where}: {key}: {message}{suffix}"
+
+
+def _line_of(loc: Loc, lines: dict[Loc, int]) -> int | None:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in lines:
+            return lines[loc[:n]]
+    return None
+
+
+def _dotted(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _did_you_mean(loc: Loc) -> str:
+    if not loc:
+        return ""
+    known = _known_keys(loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return f"; expected one of: {', '.join(known)}" if known else ""
+
+
+def _known_keys(loc: Loc) -> list[str]:
+    """The keys a section of the config accepts, found by walking the model classes."""
+    model: Any = Config
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        model = _model_in(field.annotation) if field else None
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[pydantic.BaseModel] | None:
+    candidates = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, pydantic.BaseModel):
+            return c
+    return None
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)

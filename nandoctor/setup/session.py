@@ -1,0 +1,193 @@
+"""Turn a config into the live objects of a training run, calling the user's code once.
+
+A `Session` is what the loop steps: model, batches, loss, optimizer, scheduler, scaler,
+device and dtype. Building one seeds the RNGs first, so two sessions from the same config
+start from the same weights and see the same batches.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from nandoctor.errors import ConfigError, user_code
+from nandoctor.setup import checkpoint as ckpt
+from nandoctor.setup import distributed
+from nandoctor.setup.data import BatchStream
+from nandoctor.setup.devices import check_dtype_supported, resolve_device
+from nandoctor.setup.distributed import Ranks
+from nandoctor.setup.dtypes import torch_dtype
+from nandoctor.setup.entrypoints import add_python_path, resolve
+from nandoctor.setup.load import LoadedConfig
+from nandoctor.setup.schema import Config, FactorySpec
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+@dataclass
+class Session:
+    config: Config
+    config_path: Path
+    model: torch.nn.Module
+    loss_fn: LossFn
+    optimizer: torch.optim.Optimizer
+    scheduler: Any | None
+    scaler: torch.amp.GradScaler | None
+    device: torch.device
+    dtype: torch.dtype
+    batches: BatchStream
+    start_step: int = 0
+    notes: list[str] = field(default_factory=list)
+    ranks: Ranks | None = None  # this process's place in a data-parallel job
+    train_model: torch.nn.Module | None = None  # what the loss calls: the DDP wrapper, or model
+
+    def __post_init__(self) -> None:
+        if self.train_model is None:
+            self.train_model = self.model
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32)
+
+
+def build_session(loaded: LoadedConfig) -> Session:
+    config, base = loaded.config, loaded.base_dir
+    add_python_path(base, config.python_path)
+    ranks = distributed.join(config.distributed, config.device)
+    device = ranks.device if ranks is not None else resolve_device(config.device)
+    dtype = torch_dtype(config.precision.dtype)
+    check_dtype_supported(device, dtype)
+    seed_everything(config.seed)
+    model = _build_model(config, base).to(device)
+    state = ckpt.load(base / config.checkpoint) if config.checkpoint else None
+    if state is not None:
+        ckpt.restore_model(model, state)
+    optimizer = build_optimizer(config.optimizer, model, base)
+    scheduler = build_scheduler(config.scheduler, optimizer, base) if config.scheduler else None
+    scaler = _build_scaler(config, device)
+    if state is not None:
+        ckpt.restore_training_state(state, optimizer, scaler)
+    start = state.step if state is not None else 0
+    stream = BatchStream(_data_source(config, base, ranks), config.seed, start)
+    loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
+    parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
+    session = Session(config, loaded.path, *parts)
+    if ranks is not None:
+        session.ranks, session.train_model = ranks, ranks.wrap(model)
+    return session
+
+
+def _data_source(config: Config, base: Path, ranks: Ranks | None) -> Callable[[], Any]:
+    data = resolve(config.data, "data", base)
+    if ranks is not None:
+        return ranks.shard(data, config.data_args)
+    return lambda: data(**config.data_args)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, torch (every device) and numpy when the user's code has imported it.
+
+    NB: on CUDA, cuDNN is also asked for deterministic kernels and no autotuning, so that
+    the replay of a bad step computes what the run computed; kernels that have no
+    deterministic version can still differ, and then the report says "not reproduced".
+    """
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)
+
+
+def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    """Without a `loss:` entry, a batch is `(x, y)` and the loss is cross-entropy."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise ConfigError(
+            f"loss: the default loss expects batches (x, y); got a {_describe(batch)}",
+            hint="name a `loss:` callable(model, batch) -> scalar tensor in the config",
+        )
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def _describe(batch: Any) -> str:
+    if isinstance(batch, (tuple, list)):
+        return f"{type(batch).__name__} of {len(batch)}"
+    return type(batch).__name__
+
+
+def _build_model(config: Config, base: Path) -> torch.nn.Module:
+    factory = resolve(config.model, "model", base)
+    with user_code(f"model {config.model}"):
+        model = factory(**config.model_args)
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"model: {config.model} returned a {type(model).__name__}, expected a torch.nn.Module"
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"model: {config.model} built a model with no trainable parameters")
+    return model
+
+
+def build_optimizer(spec: FactorySpec, model: torch.nn.Module, base: Path) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return _build_from_spec(spec, "optimizer", torch.optim, torch.optim.Optimizer, params, base)
+
+
+def build_scheduler(spec: FactorySpec, optimizer: torch.optim.Optimizer, base: Path) -> Any:
+    lr_scheduler = torch.optim.lr_scheduler
+    return _build_from_spec(
+        spec, "scheduler", lr_scheduler, lr_scheduler.LRScheduler, optimizer, base
+    )
+
+
+def _build_from_spec(
+    spec: FactorySpec, key: str, namespace: Any, base_class: type, arg: Any, base: Path
+) -> Any:
+    if spec.factory is not None:
+        factory = resolve(spec.factory, f"{key}.factory", base)
+        with user_code(f"{key} factory {spec.factory}"):
+            return factory(arg, **spec.kwargs)
+    cls = getattr(namespace, spec.name or "", None)
+    if not (isinstance(cls, type) and issubclass(cls, base_class)) or spec.name.startswith("_"):
+        hint = _suggest(spec.name, namespace, base_class)
+        raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{hint}")
+    try:
+        return cls(arg, **spec.kwargs)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{key}: {spec.name}({_kwargs_text(spec.kwargs)}) refused: {e}") from None
+
+
+def _suggest(name: str | None, namespace: Any, base_class: type) -> str:
+    names = [
+        n
+        for n in dir(namespace)
+        if not n.startswith("_") and isinstance(getattr(namespace, n), type)
+    ]
+    names = [n for n in names if issubclass(getattr(namespace, n), base_class)]
+    same_letters = [n for n in names if n.lower() == (name or "").lower()]
+    close = same_letters or difflib.get_close_matches(name or "", names, n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _kwargs_text(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def _build_scaler(config: Config, device: torch.device) -> torch.amp.GradScaler | None:
+    if not config.precision.use_grad_scaler:
+        return None
+    return torch.amp.GradScaler(device.type, init_scale=config.precision.init_scale)
