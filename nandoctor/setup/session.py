@@ -57,6 +57,10 @@ class Session:
     def params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @property
+    def clip_grad_norm(self) -> float | None:
+        return self.config.clip_grad_norm
+
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32)
 

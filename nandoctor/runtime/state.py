@@ -1,0 +1,61 @@
+"""The training objects, as one typed protocol that every driver of a step satisfies.
+
+nandoctor builds a run itself (`setup.session.Session`) or follows a user's own loop
+through hooks (`runtime.hooked.HookedRun`, which discovers the objects as they run). The
+sentinel, the snapshots, the localisation and the report read the same few attributes
+from either; this protocol is that contract, so neither side needs a stand-in or a
+`type: ignore` to be passed where the other is expected.
+
+The members are read-only properties: a `Session` always has a model, a hooked run may
+not have met it yet, and both fit `nn.Module | None`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class TrainingObjects(Protocol):
+    """What a training step is made of, whoever built it."""
+
+    @property
+    def model(self) -> nn.Module | None: ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+
+    @property
+    def scheduler(self) -> Any | None: ...
+
+    @property
+    def device(self) -> torch.device | None: ...
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The autocast dtype of the forward (float32 when autocast is off)."""
+        ...
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """The trainable parameters the optimizer steps."""
+        ...
+
+    @property
+    def start_step(self) -> int:
+        """The number of the first step (a resumed run does not start at 0)."""
+        ...
+
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """The max_norm gradients are clipped to, if any."""
+        ...
+
+
+__all__ = ["TrainingObjects"]
