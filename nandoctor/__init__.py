@@ -2,7 +2,8 @@
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from nandoctor.version import __version__
+
 __all__ = ["Guard", "NonFiniteError", "__version__"]
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ import dataclasses
 import json
 from typing import Any
 
-from nandoctor import __version__
 from nandoctor.causes import catalog
 from nandoctor.lint.findings import Finding, LintResult
+from nandoctor.version import __version__
 
 SCHEMA_VERSION = 1
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nandoctor import __version__
 from nandoctor.lint.findings import Finding, LintResult, Severity, Skipped
 from nandoctor.lint.registry import Check, all_checks
+from nandoctor.version import __version__
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
