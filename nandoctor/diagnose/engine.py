@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from nandoctor.causes.case import Case, RunFacts
-from nandoctor.causes.rules import rank
+from nandoctor.causes.ranking import rank
 from nandoctor.diagnose import verify as whatif
 from nandoctor.diagnose.assemble import build_report, rank_reports
 from nandoctor.errors import UsageError

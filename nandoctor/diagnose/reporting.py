@@ -10,7 +10,7 @@ and there is no what-if verification (nandoctor does not control a user's loop),
 from __future__ import annotations
 
 from nandoctor.causes.case import RunFacts
-from nandoctor.causes.rules import rank
+from nandoctor.causes.ranking import rank
 from nandoctor.diagnose.assemble import report_from
 from nandoctor.diagnose.engine import case_of
 from nandoctor.localize.replay import Localization
