@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,7 +21,8 @@ from nandoctor.diagnose.assemble import build_report, rank_reports
 from nandoctor.errors import UsageError
 from nandoctor.gate.baseline import Baseline
 from nandoctor.gate.check import Gate, Tolerances, compare_to_baseline, headroom_check
-from nandoctor.localize.replay import localize
+from nandoctor.localize.replay import Localization, localize, localize_failure
+from nandoctor.localize.steps import SessionSteps
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.health import health_of
 from nandoctor.report.trends import trends_of
@@ -100,31 +100,27 @@ def diagnose(
     return report
 
 
-def _localize(session: Session, store: SnapshotStore, failure: Verdict) -> tuple[Any, Any, Verdict]:
+def _localize(
+    session: Session, store: SnapshotStore, failure: Verdict
+) -> tuple[Localization, list[Localization] | None, Verdict]:
     """Replay the bad step (on every rank in lockstep): the origin rank's finding, every
     rank's, and the failure, moved one step back when an update broke the weights."""
-    collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
-    scale = failure.reading.scale if collapsed else None
-    located, per_rank = _replay_on_ranks(session, store, failure, failure.step, scale)
-    found = located.finding
-    if (
-        found is not None
-        and found.phase is Phase.PARAMETERS
-        and failure.phase is not Phase.PARAMETERS  # not a bad checkpoint: an earlier update
-        and failure.step > session.start_step
-    ):
-        earlier, earlier_ranks = _replay_on_ranks(session, store, failure, failure.step - 1, None)
-        if earlier.finding is not None and earlier.finding.phase is Phase.OPTIMIZER:
-            why = "the optimizer's update made parameters non-finite (the next step met them)"
-            moved = replace(failure, step=failure.step - 1, phase=Phase.OPTIMIZER, why=why)
-            return earlier, earlier_ranks, moved
-    return located, per_rank, failure
+    per_rank: dict[int, list[Localization]] = {}
+
+    def replay(step: int, loss_scale: float | None) -> Localization:
+        located, ranks = _replay_on_ranks(session, store, failure, step, loss_scale)
+        if ranks is not None:
+            per_rank[step] = ranks
+        return located
+
+    located, failure = localize_failure(failure, session.start_step, replay)
+    return located, per_rank.get(located.step), failure
 
 
 def _replay_on_ranks(
-    session, store, failure: Verdict, step: int, scale: float | None
-) -> tuple[Any, Any]:
-    located = localize(session, store, step, loss_scale=scale)
+    session: Session, store: SnapshotStore, failure: Verdict, step: int, scale: float | None
+) -> tuple[Localization, list[Localization] | None]:
+    located = localize(session, store, step, SessionSteps(session), loss_scale=scale)
     if session.ranks is None:
         return located, None
     per_rank = session.ranks.gather_objects(located)

@@ -8,11 +8,11 @@ import torch
 from nandoctor.causes.case import RunFacts
 from nandoctor.report.types import Environment
 from nandoctor.runtime.fast_run import RunResult
-from nandoctor.runtime.hooked import Run
+from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase
 
 
-def environment_of(run: Run) -> Environment:
+def environment_of(run: HookedRun) -> Environment:
     return Environment(
         device=str(run.device or "cpu"),
         torch=torch.__version__,
@@ -22,7 +22,7 @@ def environment_of(run: Run) -> Environment:
     )
 
 
-def facts_of(run: Run, result: RunResult) -> RunFacts:
+def facts_of(run: HookedRun, result: RunResult) -> RunFacts:
     """The settings the rules read, as the run used them (the optimizer's current lr)."""
     failure = result.failure
     collapsed = (

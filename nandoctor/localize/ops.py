@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,7 +86,7 @@ def user_source() -> str | None:
     frame of nandoctor's (the loop that called into torch): an op the optimizer or the
     scaler issued has no user line, whatever called nandoctor.
     """
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if is_user_file(filename):

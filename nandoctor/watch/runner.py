@@ -28,10 +28,9 @@ import torch
 
 from nandoctor.diagnose.reporting import build_report
 from nandoctor.errors import ExitCode, UsageError
-from nandoctor.localize.replay import Localization
+from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.fast_run import RunResult
-from nandoctor.runtime.probe import Phase
 from nandoctor.watch import results
 from nandoctor.watch.protocol import ENV, Settings
 
@@ -129,14 +128,19 @@ def _maybe_replay(
         ]
     if on_replay is not None:
         on_replay(failure.step)
-    collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
-    scale = failure.reading.scale if collapsed else None
     timeout = max(60.0, 3 * result.seconds + 30)
-    with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
-        settings = Settings(folder, trace_step=failure.step, loss_scale=scale)
-        log = Path(folder) / "replay.log"
-        run_command(command, settings, log=log, timeout=timeout)
-        return results.load_trace(folder, failure.step, _last_line(log)), []
+
+    def replay(step: int, loss_scale: float | None) -> Localization:
+        """The command run again with the tracer armed at `step` (a script cannot be
+        rewound: `diagnose`'s localisation, with a rerun for a rewind)."""
+        with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
+            settings = Settings(folder, trace_step=step, loss_scale=loss_scale)
+            log = Path(folder) / "replay.log"
+            run_command(command, settings, log=log, timeout=timeout)
+            return results.load_trace(folder, step, _last_line(log))
+
+    located, result.failure = localize_failure(failure, result.start_step, replay)
+    return located, []
 
 
 def _last_line(log: Path) -> str:
