@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from nandoctor.diagnose.assemble import Findings, assemble
+from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
-from nandoctor.diagnose.reporting import build_report
 from nandoctor.errors import ExitCode, NandoctorError, UsageError
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.localize.steps import KeptStep, KeptSteps, named_batch
@@ -188,14 +189,16 @@ class Guard:
         located = self._localize(verdict)
         result = self.result
         notes = [] if located is not None else [HOOKED_NOTE]
-        self.report = build_report(
-            "guard",
-            self.name,
-            environment_of(self.run),
-            facts_of(self.run, result),
-            result,
-            located,
-            notes,
+        self.report = assemble(
+            Findings(
+                "guard",
+                self.name,
+                environment_of(self.run),
+                result,
+                notes=notes,
+                located=located,
+                causes=causes_of(result, located, facts_of(self.run, result)),
+            )
         )
         if self.raise_error:
             raise NonFiniteError(self.report)

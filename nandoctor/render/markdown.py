@@ -20,6 +20,7 @@ from nandoctor.report.types import Cause, Report
 
 ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
 VERIFIED = {True: "✔ verified", False: "✘ not enough on its own", None: "not verified"}
+_REPRODUCED = {True: "yes", False: "no: nondeterministic or transient"}
 
 
 def render_comparison_markdown(comparison: Comparison) -> str:
@@ -102,7 +103,7 @@ def _where(report: Report) -> list[str]:
         ("source", first.source),
         (
             "reproduced",
-            {True: "yes", False: "no: nondeterministic or transient"}.get(first.reproduced),
+            _REPRODUCED[first.reproduced] if first.reproduced is not None else None,
         ),
     ]
     out = ["| where | |", "|---|---|"]
