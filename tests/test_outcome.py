@@ -10,6 +10,7 @@ from nandoctor.cli.outcome import (
     exit_code,
     of_baseline,
     of_comparison,
+    of_ranks,
     of_report,
     of_watch,
 )
@@ -87,3 +88,16 @@ def test_baseline_and_compare_fail_unless_healthy():
     fp16 = CompareRun("float16", True, "nonfinite", 2, 2, "loss", 0.5, 0.1, 1.0)
     assert exit_code(of_comparison(Comparison("c.yaml", env, [fp32], ""))) == 0
     assert exit_code(of_comparison(Comparison("c.yaml", env, [fp32, fp16], ""))) == 1
+
+
+def test_exit_codes_of_the_ranks_combine():
+    def combined(codes):
+        return exit_code(of_ranks(codes))
+
+    assert combined({}) == 0  # every rank exited 0
+    assert combined({0: 1}) == 1  # rank 0 found a NaN
+    assert combined({0: 1, 1: -15}) == 1  # the others stopped once rank 0 was done
+    assert combined({1: 3, 0: -15}) == 3  # a rank crashed
+    assert combined({0: 2}) == 2
+    assert combined({1: -9}) == 3  # killed
+    assert combined({0: 1, 1: 130}) == 1  # rank 1 was stopped by SIGTERM after rank 0's verdict

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.cli.outcome import Outcome, of_report
+from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose import engine
 from nandoctor.gate.baseline import read_baseline
@@ -65,8 +65,8 @@ def diagnose(
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
-    if nproc > 1 and not distributed.under_launcher():  # the ranks' codes, combined
-        return Outcome(passthrough=distributed.launch(sys.argv[1:], nproc))
+    if nproc > 1 and not distributed.under_launcher():
+        return of_ranks(distributed.launch(sys.argv[1:], nproc))
     if distributed.current_rank() != 0:  # rank 0 speaks for the job
         quiet, outputs = True, {}
     tolerances = Tolerances(

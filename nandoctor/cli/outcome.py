@@ -13,6 +13,9 @@ either to SPEC.md's codes. No other module makes an exit code.
 | found: non-finite values, a failed gate, lint findings   | 1                       |
 | `watch`, nothing found                                   | the command's own code  |
 | nothing found                                            | 0                       |
+
+A data-parallel `diagnose` launches one process per rank, each ending with its own code
+by this table; `of_ranks` makes the job's code the most telling of them.
 """
 
 from __future__ import annotations
@@ -75,9 +78,35 @@ def of_baseline(report: Report) -> Outcome:
     return Outcome(found=not report.healthy)
 
 
+def of_ranks(codes: dict[int, int]) -> Outcome:
+    """A data-parallel job, from the exit codes of the ranks that did not exit 0: a crash
+    over a usage error over rank 0's verdict (the other ranks exit 0 once done, or are
+    stopped when rank 0 is done first)."""
+    return Outcome(passthrough=_ranks_code(codes) if codes else None)
+
+
+def _ranks_code(codes: dict[int, int]) -> int:
+    for wanted in (ExitCode.USER_CODE, ExitCode.USAGE):
+        if wanted in codes.values():
+            return int(wanted)
+    if codes.get(0) in (ExitCode.NONFINITE, ExitCode.INTERRUPTED):  # rank 0's verdict
+        return codes[0]
+    if ExitCode.INTERRUPTED in codes.values():
+        return int(ExitCode.INTERRUPTED)
+    return int(ExitCode.USER_CODE)  # killed by a signal, or a code nandoctor does not use
+
+
 def of_comparison(comparison: Comparison) -> Outcome:
     """`compare`: 1 unless every dtype's run stayed healthy (an interrupted run too)."""
     return Outcome(found=not comparison.healthy)
 
 
-__all__ = ["Outcome", "exit_code", "of_baseline", "of_comparison", "of_report", "of_watch"]
+__all__ = [
+    "Outcome",
+    "exit_code",
+    "of_baseline",
+    "of_comparison",
+    "of_ranks",
+    "of_report",
+    "of_watch",
+]
