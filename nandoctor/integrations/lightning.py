@@ -24,7 +24,7 @@ try:  # NB: the unified package first; its Callback is not the standalone packag
     import lightning.pytorch as pl
 except ImportError:
     try:
-        import pytorch_lightning as pl  # type: ignore[no-redef]
+        import pytorch_lightning as pl  # type: ignore[no-redef, import-not-found, unused-ignore]
     except ImportError:
         raise MissingExtraError("lightning", "lightning", "lightning") from None
 

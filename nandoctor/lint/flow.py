@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Callable
+from typing import Any
 
 from nandoctor.lint import patterns as p
 from nandoctor.lint.flowpass import ScopePass
@@ -210,8 +212,9 @@ def _fold(flow: Flow, node: ast.BinOp) -> float | None:
 def _call(flow: Flow, call: ast.Call) -> Tags:
     src = flow.src
     name = p.qualname(src, call)
-    method = call.func.attr if isinstance(call.func, ast.Attribute) and name is None else None
-    receiver = call.func.value if method else None
+    attribute = call.func if isinstance(call.func, ast.Attribute) and name is None else None
+    method = attribute.attr if attribute is not None else None
+    receiver = attribute.value if attribute is not None else None
     if p.softmax_input(src, call) is not None or flow.has(call.func, Kind.SOFTMAX_MODULE):
         return frozenset({Tag(Kind.SOFTMAX, call)})
     if _calls_a_softmax_function(flow, call):
@@ -230,8 +233,9 @@ def _calls_a_softmax_function(flow: Flow, call: ast.Call) -> bool:
     func = call.func
     if isinstance(func, ast.Name) and flow.src.qualname(func) is None:
         return func.id in flow.softmax_functions and func.id not in flow.softmax_classes
-    is_self = isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "self"
-    return is_self and func.attr in flow.softmax_functions  # type: ignore[union-attr]
+    if not isinstance(func, ast.Attribute):
+        return False
+    return getattr(func.value, "id", "") == "self" and func.attr in flow.softmax_functions
 
 
 def _builds_a_softmax_module(flow: Flow, call: ast.Call, name: str | None) -> bool:
@@ -323,7 +327,8 @@ def _power(flow: Flow, call: ast.Call) -> float | None:
 def _float_literal(call: ast.Call) -> Tags:
     if len(call.args) == 1 and isinstance(call.args[0], ast.Constant):
         try:
-            return frozenset({Tag(Kind.CONST, call, float(call.args[0].value))})
+            value: Any = call.args[0].value  # a str or None raises below: not a number
+            return frozenset({Tag(Kind.CONST, call, float(value))})
         except (TypeError, ValueError):
             return NONE
     return NONE
@@ -333,7 +338,7 @@ def is_neg_inf(flow: Flow, expr: ast.AST | None) -> bool:
     return flow.const(expr) == -math.inf
 
 
-_RULES = {
+_RULES: dict[type, Callable[[Flow, Any], Tags]] = {
     ast.Name: _name,
     ast.Attribute: _attribute,
     ast.Constant: _constant,

@@ -63,7 +63,7 @@ def build_index(tree: ast.Module) -> Index:
 def _bind(node: ast.AST, scope: ast.AST, bound: dict, declared: dict) -> None:
     if isinstance(node, SCOPES):
         if not isinstance(node, ast.Lambda):
-            bound[scope].add(node.name)  # type: ignore[attr-defined]
+            bound[scope].add(getattr(node, "name", ""))  # def and class, never the module
         bound[node] = _parameters(node)
     elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
         bound[scope].add(node.id)

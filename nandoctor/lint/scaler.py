@@ -87,7 +87,7 @@ def scaled_before(src: Source, use: ScalerUse, node: ast.AST) -> bool:
 def clip_helpers(src: Source) -> dict[str, ast.AST]:
     """Functions of this file that clip gradients themselves and never unscale: calling
     one between backward and step clips scaled gradients just the same."""
-    helpers = {}
+    helpers: dict[str, ast.AST] = {}
     for scope, calls in src.calls_by_function.items():
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             clips = any(patterns.is_clip(src, c) for c in calls)

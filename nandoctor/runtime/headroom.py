@@ -36,7 +36,7 @@ class _Peak:
             torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype, device=x.device)
         )
         peak = peak.max().float()
-        if self.value is None:
+        if self.value is None or self.step is None:
             self.value, self.step = peak, step.clone()
             return
         higher = peak > self.value
@@ -94,10 +94,10 @@ class HeadroomProbe(Probe):
 
 
 def _read(peaks: list[_Peak]) -> list[tuple[Any, Any]]:
-    present = [p for p in peaks if p.value is not None]
+    present = [p.value for p in peaks if p.value is not None]
     if not present:
         return [(None, None)] * len(peaks)
-    device = present[0].value.device
+    device = present[0].device
     no_value = torch.tensor(float("nan"), device=device)
     no_step = torch.tensor(-1, dtype=torch.int64, device=device)
     values = torch.stack([p.value if p.value is not None else no_value for p in peaks]).tolist()

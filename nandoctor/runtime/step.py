@@ -37,7 +37,7 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
         session.autocast(),
     ):
         with user_code(f"loss (step {step})"):
-            loss = session.loss_fn(session.train_model, ctx.batch)
+            loss = session.loss_fn(session.train_model or session.model, ctx.batch)
         ctx.loss = _checked_loss(loss)
     with _phase(ctx, probe, Phase.BACKWARD):
         _backward(session, ctx)
@@ -68,18 +68,19 @@ def _optimizer_step(session: Session, ctx: StepContext) -> None:
         else:
             session.optimizer.step()
     if session.scheduler is not None:
-        _scheduler_step(session, ctx)
+        _scheduler_step(session.scheduler, ctx)
 
 
-def _scheduler_step(session: Session, ctx: StepContext) -> None:
+def _scheduler_step(scheduler: Any, ctx: StepContext) -> None:
     with user_code("scheduler step"), warnings.catch_warnings():
         # NB: when the scaler skips the first step, torch warns that the scheduler stepped
         # before the optimizer; that is the normal order of an fp16 loop, not a user error.
         warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-        if isinstance(session.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            session.scheduler.step(ctx.loss.detach())
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            assert ctx.loss is not None  # the loss phase ran before the optimizer's
+            scheduler.step(ctx.loss.detach())
         else:
-            session.scheduler.step()
+            scheduler.step()
 
 
 def _checked_loss(loss: Any) -> torch.Tensor:

@@ -67,7 +67,7 @@ def _install() -> None:
     clip = _wrap_clip(torch.nn.utils.clip_grad_norm_)
     for owner in (torch.nn.utils, clip_grad):
         _originals.append((owner, "clip_grad_norm_", owner.clip_grad_norm_))
-        owner.clip_grad_norm_ = clip
+        owner.clip_grad_norm_ = clip  # type: ignore[attr-defined]  # re-exported there
 
 
 def _uninstall() -> None:

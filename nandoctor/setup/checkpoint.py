@@ -82,7 +82,7 @@ def restore_training_state(
 ) -> None:
     if state.optimizer is not None:
         try:
-            optimizer.load_state_dict(state.optimizer)
+            optimizer.load_state_dict(dict(state.optimizer))
         except (ValueError, KeyError, RuntimeError, TypeError) as e:
             raise ConfigError(
                 f"checkpoint: 'optimizer' does not fit the optimizer: {_first_lines(e)}"

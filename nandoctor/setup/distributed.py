@@ -97,7 +97,7 @@ class Ranks:
         loader = torch.utils.data.DataLoader
         if isinstance(data, loader) and hasattr(data.dataset, "__getitem__") and data.batch_size:
             shuffle = isinstance(data.sampler, torch.utils.data.RandomSampler)
-            sampler = torch.utils.data.DistributedSampler(
+            sampler: torch.utils.data.DistributedSampler = torch.utils.data.DistributedSampler(
                 data.dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle
             )
             return loader(
@@ -117,7 +117,7 @@ def _check_then_allreduce(state, bucket):
     state.note_local_gradients(bucket.buffer())
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    return allreduce_hook(None, bucket)
+    return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
 
 
 class _EveryNth:

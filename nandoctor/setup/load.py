@@ -97,12 +97,14 @@ def _index_lines(path: Path, node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -
                     f"{path}:{line}: {_dotted((*loc, key))}: duplicate key (first on line {first})"
                 )
             seen[key] = line
-            lines[(*loc, key)] = line
-            _index_lines(path, value_node, (*loc, key), lines)
+            where = (*loc, key)
+            lines[where] = line
+            _index_lines(path, value_node, where, lines)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            lines[(*loc, i)] = item.start_mark.line + 1
-            _index_lines(path, item, (*loc, i), lines)
+            where = (*loc, i)
+            lines[where] = item.start_mark.line + 1
+            _index_lines(path, item, where, lines)
 
 
 def format_validation_error(

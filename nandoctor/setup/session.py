@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -165,12 +165,13 @@ def _build_from_spec(
         factory = resolve(spec.factory, f"{key}.factory", base)
         with user_code(f"{key} factory {spec.factory}"):
             return factory(arg, **spec.kwargs)
-    cls = getattr(namespace, spec.name or "", None)
-    if not (isinstance(cls, type) and issubclass(cls, base_class)) or spec.name.startswith("_"):
+    name = spec.name or ""
+    cls: Any = getattr(namespace, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, base_class)) or name.startswith("_"):
         hint = _suggest(spec.name, namespace, base_class)
         raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{hint}")
     try:
-        return cls(arg, **spec.kwargs)
+        return cast(Any, cls)(arg, **spec.kwargs)  # isinstance narrowed it to `type`
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}: {spec.name}({_kwargs_text(spec.kwargs)}) refused: {e}") from None
 

@@ -139,7 +139,7 @@ def _computed_in_float32(src: Source, addition: ast.AST) -> bool:
     return any(src.flow.has(side, Kind.FLOAT32) for side in (addition.left, addition.right))
 
 
-def _guarded_expressions(src: Source, node: ast.AST) -> list[ast.AST]:
+def _guarded_expressions(src: Source, node: ast.AST) -> list[ast.AST | None]:
     """Denominators and the arguments of sqrt/log/reciprocal: where an eps must hold."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         return [node.right]

@@ -152,7 +152,10 @@ def _causal_names(src: Source) -> frozenset[Key]:
 
 
 def _target_nodes(node: ast.AST) -> list[ast.AST]:
-    return node.targets if isinstance(node, ast.Assign) else [node.target]  # type: ignore[attr-defined]
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    assert isinstance(node, (ast.AnnAssign, ast.AugAssign))
+    return [node.target]
 
 
 def _keys(src: Source, node: ast.AST) -> set[Key]:
