@@ -243,6 +243,32 @@ def test_running_out_of_memory_in_the_full_trace_falls_back_to_a_lighter_one(pro
     assert any("lighter one" in note for note in report.notes)
 
 
+def test_running_out_of_memory_inside_the_users_loss_falls_back_too(project, models, monkeypatch):
+    """The full trace's bookkeeping runs inside the user's ops, where an out-of-memory
+    error reaches the replay wrapped as the user's own error: it still means "lighter"."""
+    import nandoctor.localize.replay as localize_module
+    from nandoctor.localize.tracer import Tracer
+
+    class Hungry(Tracer):
+        def record_made(self, *args, **kwargs):
+            if not self.light:
+                raise MemoryError("the full trace does not fit")
+            return super().record_made(*args, **kwargs)
+
+    monkeypatch.setattr(localize_module, "Tracer", Hungry)
+    report = report_of(
+        project, loss="models.py:sharp_log_softmax_loss", precision={"dtype": "fp16"}
+    )
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op, first.reproduced) == (
+        0,
+        "loss",
+        "aten.log.default",
+        True,
+    )
+    assert any("lighter one" in note for note in report.notes)
+
+
 def test_an_interrupt_during_the_replay_still_gives_a_report(project, monkeypatch):
     import nandoctor.diagnose.engine as diagnose_module
 

@@ -29,7 +29,7 @@ from nandoctor.report.evidence import ModuleStat, UpdateRatio
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.sentinel import Verdict
-from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.runtime.snapshot import SnapshotStore, StateSnapshot
 from nandoctor.runtime.state import TrainingObjects, device_of
 
 # NB: torch.OutOfMemoryError is torch >= 2.5's name; torch.cuda's is the older alias
@@ -101,30 +101,47 @@ def localize(
     started = time.perf_counter()
     here = store.capture_now(-1)
     try:
-        try:
-            return _replay(objects, store, step, steps, started, loss_scale)
-        except (*MEMORY_ERRORS, UserCodeError) as e:
-            if not _out_of_memory(e):
-                raise
-            here.restore(objects)
-            _free_memory(objects)
-            located = _replay(objects, store, step, steps, started, loss_scale, light=True)
-            located.note = LIGHTER_NOTE
-            return located
-    except (*MEMORY_ERRORS, UserCodeError) as e:
-        if _out_of_memory(e):
-            return Localization(step, None, note="out of memory even in the lighter trace")
-        assert isinstance(e, UserCodeError)
-        return Localization(step, None, note=f"the replay of step {step} failed: {e.message}")
+        return _full_or_light(objects, store, step, steps, started, loss_scale, here)
     except LookupError as e:
         return Localization(step, None, note=f"could not rewind: {e}")
+    except (*MEMORY_ERRORS, UserCodeError) as e:
+        return Localization(step, None, note=_failed(step, e))
     finally:
         here.restore(objects)
+
+
+def _full_or_light(
+    objects: TrainingObjects,
+    store: SnapshotStore,
+    step: int,
+    steps: StepRunner,
+    started: float,
+    loss_scale: float | None,
+    here: StateSnapshot,
+) -> Localization:
+    """The full trace; out of memory, once more from where it started with a lighter one."""
+    try:
+        return _replay(objects, store, step, steps, started, loss_scale)
+    except (*MEMORY_ERRORS, UserCodeError) as e:
+        if not _out_of_memory(e):
+            raise
+    here.restore(objects)
+    _free_memory(objects)
+    located = _replay(objects, store, step, steps, started, loss_scale, light=True)
+    located.note = LIGHTER_NOTE
+    return located
 
 
 def _out_of_memory(e: BaseException) -> bool:
     """Out of memory, raised by the tracer or inside the user's code (which wraps it)."""
     return isinstance(e.error if isinstance(e, UserCodeError) else e, MEMORY_ERRORS)
+
+
+def _failed(step: int, e: BaseException) -> str:
+    if _out_of_memory(e):
+        return "out of memory even in the lighter trace"
+    message = e.message if isinstance(e, UserCodeError) else str(e)
+    return f"the replay of step {step} failed: {message}"
 
 
 def _free_memory(objects: TrainingObjects) -> None:
