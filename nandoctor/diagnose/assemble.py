@@ -82,6 +82,7 @@ def report_from(
         events=result.events,
         telemetry=result.telemetry,
         evidence=evidence_of(located),
+        transients=located.transients if located is not None else [],
         notes=notes,
         timing=timing,
         tool=Tool(version=__version__),
@@ -111,6 +112,7 @@ def _first_of(failure: Verdict, found: Finding) -> FirstNonfinite:
         count_nonfinite=found.count,
         source=found.source,
         reproduced=True,
+        frames=found.frames,
     )
 
 

@@ -125,14 +125,18 @@ def _replay(
     if loss_scale is not None and state.scaler is not None:
         amp.set_scale(state.scaler, loss_scale, state.device)
         note = f"replayed at loss scale {loss_scale:g}, where the streak of skips ended"
-    finding, modules = _traced(state, step, batches[-1][1])
+    tracer = _traced(state, step, batches[-1][1])
+    finding = tracer.finding
     if finding is not None:
         finding = replace(finding, evidence=replace(finding.evidence, update=update))
     seconds = time.perf_counter() - started
-    return Localization(step, finding, modules, batches[0][0], seconds, note)
+    modules = tracer.modules.stats()
+    return Localization(
+        step, finding, modules, batches[0][0], seconds, note, transients=tracer.transients
+    )
 
 
-def _traced(state: TrainState, step: int, kept: KeptStep) -> tuple:
+def _traced(state: TrainState, step: int, kept: KeptStep) -> Tracer:
     run = Run(model=state.model, device=state.device, scaler=state.scaler)
     run.note_optimizer(state.optimizer)
     tracer = Tracer(state.model, state.optimizer)
@@ -142,4 +146,4 @@ def _traced(state: TrainState, step: int, kept: KeptStep) -> tuple:
         hooks.begin(named_batch(args, kwargs))
         kept.fn(*args, **kwargs)
         hooks.end()
-    return tracer.finding, tracer.modules.stats()
+    return tracer

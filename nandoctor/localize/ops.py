@@ -36,6 +36,44 @@ def named_tensors(func: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, t
                     yield f"{name}[{i}]", v
 
 
+# NB: these allocate and leave the memory as it was: whatever they "hold" is garbage
+_UNWRITTEN = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "new_empty",
+        "new_empty_strided",
+        "empty_strided",
+        "empty_permuted",
+        "resize_",
+        "resize_as_",
+        "_empty_affine_quantized",
+        "_empty_per_channel_affine_quantized",
+    }
+)
+# NB: in-place ops that write every element of `self` whatever it held before
+_OVERWRITES = frozenset(
+    {"copy_", "fill_", "zero_", "bernoulli_", "uniform_", "normal_", "random_", "exponential_"}
+)
+
+
+def leaves_unwritten(func: Any) -> bool:
+    """An op whose output is memory no one wrote yet: not a value, never checked."""
+    return func.namespace == "aten" and func.overloadpacket.__name__ in _UNWRITTEN
+
+
+def is_view(func: Any) -> bool:
+    """An op whose output shows its input's values (`view`, `t`, `expand`, `detach`)."""
+    return bool(getattr(func, "is_view", False))
+
+
+def overwrites(func: Any, name: str) -> bool:
+    """True when the op writes all of argument `name` without reading it first."""
+    return name.startswith("out") or (
+        name == "self" and func.overloadpacket.__name__ in _OVERWRITES
+    )
+
+
 def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     """The arguments an in-place or out= op writes into (a parameter in `add_`)."""
     if not func._schema.is_mutable:
@@ -89,8 +127,8 @@ def user_source() -> str | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         if is_user_file(filename):
-            return f"{_display_path(filename)}:{frame.f_lineno}"
-        if is_nandoctor_file(filename) and not _is_probe_file(filename):
+            return f"{display_path(filename)}:{frame.f_lineno}"
+        if is_nandoctor_file(filename) and not is_probe_file(filename):
             return None
         frame = frame.f_back
     return None
@@ -99,11 +137,11 @@ def user_source() -> str | None:
 _PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _is_probe_file(filename: str) -> bool:
+def is_probe_file(filename: str) -> bool:
     return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
 
 
-def _display_path(filename: str) -> str:
+def display_path(filename: str) -> str:
     try:
         rel = os.path.relpath(filename)
     except ValueError:  # another drive on Windows

@@ -15,6 +15,7 @@ import torch
 from nandoctor.errors import UserCodeError
 from nandoctor.localize.tracer import Finding, Tracer
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
+from nandoctor.report.types import Transient
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.snapshot import SnapshotStore
@@ -30,6 +31,7 @@ class Localization:
     from_step: int | None = None
     seconds: float = 0.0
     note: str | None = None
+    transients: list[Transient] = field(default_factory=list)  # healed on the way
 
     @property
     def reproduced(self) -> bool:
@@ -107,6 +109,7 @@ def _replay(
         from_step=batches[0][0],
         seconds=time.perf_counter() - started,
         note=note,
+        transients=tracer.transients,
     )
 
 
