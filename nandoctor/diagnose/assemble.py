@@ -62,8 +62,9 @@ def report_from(
     if located is not None and located.reproduced and located.note:
         notes.append(located.note)
     if located is not None and not located.reproduced:
+        seen = " reach the loss, a gradient or a weight" if located.transients else ""
         notes.append(
-            f"the instrumented replay of step {located.step} saw no non-finite value: "
+            f"the instrumented replay of step {located.step} saw no non-finite value{seen}: "
             "the failure is nondeterministic or transient"
             + (f" ({located.note})" if located.note else "")
         )

@@ -13,6 +13,7 @@ worth reading are the ones that chose the math (`F.cross_entropy`, a modeling fi
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import PurePath
@@ -72,6 +73,7 @@ def call_site(frame: FrameType | None = None) -> tuple[str | None, list[Frame]]:
     return None, frames
 
 
+@functools.lru_cache(maxsize=4096)
 def _library_file(filename: str) -> tuple[str, str] | None:
     """(package, path as shown) of a library frame worth showing; None for machinery,
     the standard library and nandoctor's own probes."""

@@ -40,7 +40,7 @@ from nandoctor.runtime.tensors import nonfinite
 
 __all__ = ["Finding", "Tracer"]
 
-MAX_EVIDENCE = 32  # origins per step that get the full evidence (a float32 rerun each)
+MAX_EVIDENCE = 32  # origins of each kind (accidental, deliberate) with the full evidence
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Tracer(Probe):
         self.transients: list[Transient] = []
         self.ctx: StepContext | None = None
         self._busy = False
-        self._evidence_left = MAX_EVIDENCE
+        self._evidence_left = {True: MAX_EVIDENCE, False: MAX_EVIDENCE}  # by deliberate
         self._nodes: dict[Any, NodeInfo] = {}
         self._made: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._stack = contextlib.ExitStack()
@@ -186,11 +186,8 @@ class Tracer(Probe):
         fresh = [n for n in named if n not in before]
         kinds = dict(zip(fresh, kinds_of([named[n] for n in fresh]), strict=True)) | before
         parents = [x for n, t in named.items() if any(kinds[n]) and (x := self.origins.lineage(t))]
-        in_nan, in_inf = ops.scalar_nonfinite(args, kwargs)
-        in_nan = in_nan or any(nan for nan, _ in kinds.values())
-        in_inf = in_inf or any(inf for _, inf in kinds.values())
-        out_kinds = kinds_of([t for _, t in bad])
-        created = any((nan and not in_nan) or (inf and not in_inf) for nan, inf in out_kinds)
+        inherits = any(not p.origin.deliberate for p in parents)  # then nothing else matters
+        created = not inherits and _created(ops.scalar_nonfinite(args, kwargs), kinds, bad)
         lineage = descend(parents, created)
         if lineage is None:
             finding = self._born(func, args, kwargs, bad, before, where, created)
@@ -208,8 +205,8 @@ class Tracer(Probe):
             module = _owner(role)
         frames = info.frames if info is not None else call_site()[1]
         found = finding_of(phase, module, ops.op_name(func), role, tensor, source, created, frames)
-        full = not self.light and self._evidence_left > 0
-        self._evidence_left -= 1
+        full = not self.light and self._evidence_left[not created] > 0
+        self._evidence_left[not created] -= 1
         evidence = Evidence(
             inputs=[
                 tensor_stats(n, t)
@@ -261,6 +258,15 @@ class Tracer(Probe):
                 continue
             self._nodes[n] = info
             todo.extend(fn for fn, _ in n.next_functions)
+
+
+def _created(scalars: tuple[bool, bool], kinds: dict, bad: list) -> bool:
+    """Did the op make a kind of value none of its inputs held (NaN from no NaN, inf from
+    no inf)? A NaN or inf among plain-number arguments counts as held: `fill(-inf)`."""
+    in_nan = scalars[0] or any(nan for nan, _ in kinds.values())
+    in_inf = scalars[1] or any(inf for _, inf in kinds.values())
+    outs = kinds_of([t for _, t in bad])
+    return any((nan and not in_nan) or (inf and not in_inf) for nan, inf in outs)
 
 
 def _producer(made: _Made, depth: int, feeds: str) -> Producer:

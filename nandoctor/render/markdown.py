@@ -14,6 +14,7 @@ Same facts as the JSON and the terminal; nothing is computed here.
 from __future__ import annotations
 
 from nandoctor.causes import catalog
+from nandoctor.render.origin import library_frames, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
 from nandoctor.report.types import Cause, Report
@@ -100,6 +101,7 @@ def _where(report: Report) -> list[str]:
         ("value", f"{first.count_nonfinite} × {first.value}" if first.value else None),
         ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
         ("source", first.source),
+        ("via", " ← ".join(library_frames(first)) or None),
         (
             "reproduced",
             {True: "yes", False: "no: nondeterministic or transient"}.get(first.reproduced),
@@ -107,6 +109,14 @@ def _where(report: Report) -> list[str]:
     ]
     out = ["| where | |", "|---|---|"]
     out += [f"| {k} | `{v}` |" for k, v in rows if v is not None]
+    return [*out, "", *_transients(report)]
+
+
+def _transients(report: Report) -> list[str]:
+    if not report.transients:
+        return []
+    out = ["**Healed on the way** (seen, not the cause):", ""]
+    out += [f"- `{transient_text(t)}`" for t in report.transients]
     return [*out, ""]
 
 
