@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from rich.console import Console
 
 from nandoctor.render.terminal import quiet_lines, render_report
 from nandoctor.report.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
-from nandoctor.report.types import Environment, Event, FirstNonfinite, Report, Telemetry
+from nandoctor.report.types import (
+    Environment,
+    Event,
+    FirstNonfinite,
+    Frame,
+    Report,
+    Telemetry,
+    Transient,
+)
 
 SOURCE = """def loss(model, batch):
     x, y = batch
@@ -121,3 +130,33 @@ def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
         "  FAIL activation growth: fc2 grew 2.0x" in lines
         and "  ok   headroom: peak at 10%" in lines
     )
+
+
+def with_library_frames_and_transients(report: Report) -> Report:
+    first = report.first_nonfinite
+    user = Frame(first.source.rpartition(":")[0], 4, True)
+    library = [Frame("torch/nn/functional.py", 3555, False), Frame("transformers/x.py", 9, False)]
+    report.first_nonfinite = dataclasses.replace(first, frames=[*library, user])
+    report.transients = [
+        Transient(3, "forward", "enc.0", "aten.log.default", "-inf", "train.py:3"),
+        Transient(3, "forward", None, "aten.masked_fill.Scalar", "-inf", None),
+    ]
+    return report
+
+
+def test_the_library_lines_and_the_healed_values_are_shown(tmp_path):
+    text = render(with_library_frames_and_transients(failing_report(tmp_path)))
+    assert "via     torch/nn/functional.py:3555" in text
+    assert "        transformers/x.py:9" in text
+    assert "healed on the way (seen, not the cause):" in text
+    assert "aten.log.default in enc.0 at train.py:3 (forward, -inf)" in text
+    assert "aten.masked_fill.Scalar outside the model (forward, -inf)" in text
+    assert "None" not in text
+
+
+def test_healed_values_are_shown_when_the_failure_was_not_reproduced(tmp_path):
+    report = with_library_frames_and_transients(failing_report(tmp_path))
+    report.first_nonfinite = FirstNonfinite(3, "loss", reproduced=False)
+    text = render(report)
+    assert "aten.log.default in enc.0 at train.py:3 (forward, -inf)" in text
+    assert "op      " not in text

@@ -64,6 +64,9 @@ class OriginTable:
         found = self._by_tensor.get(t)
         if found is None and (storage := _storage(t)) is not None:
             found = self._by_storage.get(storage)
+        local = getattr(t, "_local_tensor", None)  # NB: a DTensor (FSDP2) made by from_local
+        if found is None and isinstance(local, torch.Tensor):
+            found = self.lineage(local)
         return found
 
     def mark(self, t: torch.Tensor, lineage: Lineage) -> None:

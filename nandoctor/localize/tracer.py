@@ -148,10 +148,17 @@ class Tracer(Probe):
             self.origin = lineage.origin.finding
             self.transients = transients(self.origins.born, lineage.ancestors)
             return
-        role, t = bad[0]  # made where no op of ours saw it: name the tensor itself
-        owner = _owner(role) if ":" in role and role != "output" else None
-        self.origin = finding_of(phase, owner, None, role, t, None)
-        self.transients = transients(self.origins.born, frozenset())
+        # NB: made where no op of ours saw it: the first accidental origin (if any), as
+        # a tracer without lineages would say, or the tensor itself
+        first = next((o for o in self.origins.born if not o.deliberate), None)
+        if first is None:
+            role, t = bad[0]
+            owner = _owner(role) if ":" in role and role != "output" else None
+            self.origin = finding_of(phase, owner, None, role, t, None)
+        else:
+            self.origin = first.finding
+        reached = frozenset() if first is None else frozenset({first.seq})
+        self.transients = transients(self.origins.born, reached)
 
     # -- called by the modes ---------------------------------------------------------
     def watching(self) -> bool:

@@ -53,9 +53,9 @@ def transient_lines(transients: list[Transient]) -> list[str]:
 
 def transient_text(t: Transient) -> str:
     """`aten.log.default in encoder.block.0 at train.py:31 (forward, -inf)`"""
-    where = "outside the model" if t.module is None else (t.module or "(root)")
+    where = " outside the model" if t.module is None else f" in {t.module or '(root)'}"
     at = f" at {t.source}" if t.source else ""
-    return f"{t.op or 'an op'} in {where}{at} ({t.phase}, {t.value})"
+    return f"{t.op or 'an op'}{where}{at} ({t.phase}, {t.value})"
 
 
 def library_frames(first: FirstNonfinite) -> list[str]:
