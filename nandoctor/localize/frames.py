@@ -1,5 +1,7 @@
 """Where an operator was issued: the user's line, and the library lines on the way to it.
 
+`user_source()` (every op) walks the stack to the innermost frame of the user's code.
+
 An op that fails inside a library is reported with the innermost line of each library
 package between the op and the user's code, then the user's line, innermost first::
 
@@ -20,7 +22,6 @@ from pathlib import PurePath
 from types import FrameType
 
 from nandoctor.errors import is_nandoctor_file, is_user_file
-from nandoctor.localize.ops import display_path, is_probe_file
 from nandoctor.report.types import Frame
 
 # NB: path fragments (as displayed, '/'-separated) of plumbing between a user and the math
@@ -49,6 +50,25 @@ _MACHINERY = (
     "accelerate/",
 )
 _SITE_DIRS = ("site-packages", "dist-packages")
+_PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_source() -> str | None:
+    """`path:line` of the innermost frame in the user's code that issued the op.
+
+    The walk skips the probes' own frames (the modes) and torch's; it stops at any other
+    frame of nandoctor's (the loop that called into torch): an op the optimizer or the
+    scaler issued has no user line, whatever called nandoctor.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if is_user_file(filename):
+            return f"{display_path(filename)}:{frame.f_lineno}"
+        if is_nandoctor_file(filename) and not is_probe_file(filename):
+            return None
+        frame = frame.f_back
+    return None
 
 
 def call_site(frame: FrameType | None = None) -> tuple[str | None, list[Frame]]:
@@ -91,3 +111,16 @@ def _library_file(filename: str) -> tuple[str, str] | None:
     if not inside or any(fragment in shown for fragment in _MACHINERY):
         return None
     return inside[0], shown
+
+
+def is_probe_file(filename: str) -> bool:
+    """A file of the tracer's own (this folder): its frames are never the caller."""
+    return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
+
+
+def display_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return filename
+    return filename if rel.startswith("..") else rel

@@ -1,18 +1,16 @@
 """What the tracer needs to know about one operator call: its tensors by argument name,
-which arguments it writes, where in the user's code it was issued, and its float32 twin.
+which arguments it writes, whether it is a view or leaves memory unwritten, and its
+float32 twin. Where it was issued is frames.py's.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.report.evidence import Recompute
 
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -114,39 +112,6 @@ def _flat(values: list) -> Iterator[Any]:
             yield from _flat(list(v))
         else:
             yield v
-
-
-def user_source() -> str | None:
-    """`path:line` of the innermost frame in the user's code that issued the op.
-
-    The walk skips the probes' own frames (the modes) and torch's; it stops at any other
-    frame of nandoctor's (the loop that called into torch): an op the optimizer or the
-    scaler issued has no user line, whatever called nandoctor.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if is_user_file(filename):
-            return f"{display_path(filename)}:{frame.f_lineno}"
-        if is_nandoctor_file(filename) and not is_probe_file(filename):
-            return None
-        frame = frame.f_back
-    return None
-
-
-_PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def is_probe_file(filename: str) -> bool:
-    return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
-
-
-def display_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:  # another drive on Windows
-        return filename
-    return filename if rel.startswith("..") else rel
 
 
 def recompute_float32(func: Any, args: tuple, kwargs: dict, index: int = 0) -> Recompute | None:

@@ -28,7 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.localize import ops
 from nandoctor.localize.finding import Finding, finding_of
-from nandoctor.localize.frames import call_site
+from nandoctor.localize.frames import call_site, user_source
 from nandoctor.localize.modes import NodeInfo, NodeRecorder, OpChecker
 from nandoctor.localize.modules import ModuleTracker
 from nandoctor.localize.origins import OriginTable, descend, reaching, transients
@@ -171,8 +171,8 @@ class Tracer(Probe):
         if info is not None:
             return Phase.BACKWARD, info.module, info.source, info
         if phase in (Phase.FORWARD, Phase.LOSS):
-            return phase, self.modules.current, ops.user_source(), None
-        return phase, None, ops.user_source(), None
+            return phase, self.modules.current, user_source(), None
+        return phase, None, user_source(), None
 
     def record_made(self, func: Any, args: tuple, kwargs: dict, out: list, where: tuple) -> None:
         if self.light:
