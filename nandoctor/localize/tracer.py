@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.overrides import resolve_name
-from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.localize import ops
 from nandoctor.localize.finding import Finding, finding_of
@@ -32,8 +31,9 @@ from nandoctor.localize.frames import call_site, user_source
 from nandoctor.localize.modes import NodeInfo, NodeRecorder, OpChecker
 from nandoctor.localize.modules import ModuleTracker
 from nandoctor.localize.origins import OriginTable, descend, reaching, transients
+from nandoctor.localize.provenance import Provenance
 from nandoctor.localize.stats import kinds_of, tensor_stats
-from nandoctor.report.evidence import Evidence, Producer
+from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import nonfinite
@@ -41,18 +41,6 @@ from nandoctor.runtime.tensors import nonfinite
 __all__ = ["Finding", "Tracer"]
 
 MAX_EVIDENCE = 32  # origins of each kind (accidental, deliberate) with the full evidence
-
-
-@dataclass(frozen=True)
-class _Made:
-    """Who made a tensor (for the producers of the origin op's inputs)."""
-
-    op: str
-    module: str | None
-    source: str | None
-    phase: str
-    inputs: tuple[tuple[str, _Made | None], ...]
-    scalars: tuple[str, ...]
 
 
 class Tracer(Probe):
@@ -70,7 +58,7 @@ class Tracer(Probe):
         self._busy = False
         self._evidence_left = {True: MAX_EVIDENCE, False: MAX_EVIDENCE}  # by deliberate
         self._nodes: dict[Any, NodeInfo] = {}
-        self._made: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.provenance = Provenance()
         self._stack = contextlib.ExitStack()
 
     @property
@@ -175,14 +163,8 @@ class Tracer(Probe):
         return phase, None, user_source(), None
 
     def record_made(self, func: Any, args: tuple, kwargs: dict, out: list, where: tuple) -> None:
-        if self.light:
-            return
-        phase, module, source, _ = where
-        inputs = tuple((n, self._made.get(t)) for n, t in ops.named_tensors(func, args, kwargs))
-        scalars = tuple(ops.scalars_text(func, args, kwargs))
-        made = _Made(ops.op_name(func), module, source, phase.value, inputs, scalars)
-        for t in out:
-            self._made[t] = made
+        if not self.light:
+            self.provenance.record(func, args, kwargs, out, where)
 
     def examine(
         self, func: Any, args: tuple, kwargs: dict, bad: list, before: dict, where: tuple
@@ -223,7 +205,7 @@ class Tracer(Probe):
             output=found.evidence.output,
             scalars=ops.scalars_text(func, args, kwargs),
             backward_of=f"{info.function} ({_node_name()})" if info else None,
-            producers=self._producers(func, args, kwargs) if full else [],
+            producers=self.provenance.producers(func, args, kwargs) if full else [],
             recompute=ops.recompute_float32(func, args, kwargs, index) if full else None,
         )
         return replace(found, evidence=evidence)
@@ -240,16 +222,6 @@ class Tracer(Probe):
                 if t is value:
                     return f"state:{name}.{key}"
         return "grad_input" if phase is Phase.BACKWARD else "output"
-
-    def _producers(self, func: Any, args: tuple, kwargs: dict) -> list[Producer]:
-        out: list[Producer] = []
-        for name, t in ops.named_tensors(func, args, kwargs):
-            made = self._made.get(t)
-            if made is None:
-                continue
-            out.append(_producer(made, 1, name))
-            out.extend(_producer(m, 2, n) for n, m in made.inputs if m is not None)
-        return out
 
     def note_node(self, node: Any, function: Any) -> None:
         """Map a new autograd node (and the unnamed ones behind it) to where it was made."""
@@ -274,10 +246,6 @@ def _created(scalars: tuple[bool, bool], kinds: dict, bad: list) -> bool:
     in_inf = scalars[1] or any(inf for _, inf in kinds.values())
     outs = kinds_of([t for _, t in bad])
     return any((nan and not in_nan) or (inf and not in_inf) for nan, inf in outs)
-
-
-def _producer(made: _Made, depth: int, feeds: str) -> Producer:
-    return Producer(made.op, made.module, made.source, made.phase, depth, feeds, list(made.scalars))
 
 
 def _owner(role: str) -> str:
