@@ -107,6 +107,15 @@ class Bucketed(nn.Module):
         return self.body(x) + buckets
 
 
+class FlakyBucketed(Bucketed):
+    """Heals a log(0) every step, and goes NaN on its third call only."""
+
+    def forward(self, x):
+        CALLS["n"] += 1
+        out = super().forward(x)
+        return out * float("nan") if CALLS["n"] == 3 else out
+
+
 class Saturated(nn.Module):
     """exp overflows where a where discards it: the forward is finite, its backward
     multiplies the discarded inf by a zero gradient."""
@@ -364,3 +373,11 @@ def test_an_op_inside_a_library_shows_the_library_line_and_the_users(project, mo
     assert library.file == "torch/nn/functional.py" and not library.user
     assert (user.file, user.line, user.user) == (str(models / "models.py"), line_of("ce"), True)
     assert first.source == f"{user.file}:{user.line}"
+
+
+def test_a_replay_where_every_nonfinite_value_healed_blames_none_of_them(project, models):
+    report = report_of(project, model="models.py:FlakyBucketed")
+    first = report.first_nonfinite
+    assert (first.step, first.reproduced, first.op) == (2, False, None)
+    assert [(t.op, t.module) for t in report.transients] == [("aten.log.default", "")]
+    assert any("saw no non-finite value reach the loss" in note for note in report.notes)
