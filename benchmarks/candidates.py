@@ -4,19 +4,33 @@
 - loop: nandoctor's step with no probe (the price of the phases alone);
 - sentinel: nandoctor's step with the sentinel, read every step (what `diagnose` runs);
 - sentinel+snapshots: the same, plus the snapshot store (what `diagnose` really runs);
+- guard: the plain loop, unchanged, inside `with nandoctor.Guard(...)`: the hooks that
+  follow a user's loop driving the same sentinel (what `Guard` and `watch` cost a step);
+- guard.step: each plain step passed to `guard.step(fn, batch)`: explicit hooks, the
+  sentinel, and the snapshots its replay needs (next to sentinel+snapshots);
+- watch: the plain loop followed as `nandoctor watch` follows a script: the hooks
+  discover the model, optimizer and scaler, the sentinel's verdicts are recorded at
+  each step's end (the watched process's path, without its files);
 - anomaly: the plain loop under `torch.autograd.set_detect_anomaly(True)`;
-- transformers: the plain loop with transformers' `DebugUnderflowOverflow` (optional);
-- watch: the plain loop with `nandoctor watch`'s global hooks attached (when available).
+- transformers: the plain loop with transformers' `DebugUnderflowOverflow` (optional).
+
+NB: the global hooks of guard and watch are attached only while that candidate runs
+(`attached()`), so that they never slow the candidates interleaved with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from nandoctor.runtime.probe import Probe
+from nandoctor.guard import Guard
+from nandoctor.runtime.hooked import HookedRun
+from nandoctor.runtime.hooks import StepHooks
+from nandoctor.runtime.probe import Probe, StepContext
+from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
@@ -30,6 +44,10 @@ class Candidate:
 
     def step(self, step: int, batch: Any) -> None:
         plain_step(self.session, batch)
+
+    def attached(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered around a run of consecutive steps (global hooks go on here)."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass
@@ -99,25 +117,49 @@ class TransformersDebug(Candidate):
         self._debug = DebugUnderflowOverflow(session.model, max_frames_to_save=21)
 
 
-class Watch(Candidate):
-    """`nandoctor watch`'s global hooks and monitor on the plain loop (what a watched script
-    pays). NB: attached around each step, since global hooks would slow every candidate."""
+class WithGuard(Candidate):
+    """`with Guard(model, optimizer, scaler):` around the unchanged plain loop."""
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
-        from nandoctor.runtime.hooked import Run
-        from nandoctor.runtime.hooks import StepHooks
-        from nandoctor.runtime.monitor import Monitor
+        self.guard = Guard(session.model, session.optimizer, session.scaler)
 
-        run = Run()
-        self.monitor = Monitor(run)
-        self.hooks = StepHooks(run, self.monitor, model=session.model)
+    def attached(self) -> contextlib.AbstractContextManager[Any]:
+        return self.guard  # NB: leaving it reads the last step's verdict (one per run)
+
+
+class GuardStep(Candidate):
+    """`guard.step(fn, batch)` for each plain step: replayable, so snapshots are kept."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.guard = Guard(session.model, session.optimizer, session.scaler)
 
     def step(self, step: int, batch: Any) -> None:
-        with self.hooks:
-            plain_step(self.session, batch)
-        for _ in self.monitor.collect():
-            pass
+        self.guard.step(self._train, batch)
+
+    def _train(self, batch: Any) -> None:
+        plain_step(self.session, batch)
+
+    def close(self) -> None:
+        self.guard.close()
+
+
+class Watch(Candidate):
+    """The watched process's driver on the plain loop: nothing given, everything found."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.run = HookedRun()
+        self.sentinel = Sentinel(self.run)
+        self.recorder = Recorder(RunResult("healthy", 0, 0))
+        self.hooks = StepHooks(self.run, self.sentinel, on_step_end=self._step_ended)
+
+    def _step_ended(self, ctx: StepContext) -> None:
+        self.recorder.record(self.sentinel.collect())
+
+    def attached(self) -> contextlib.AbstractContextManager[Any]:
+        return self.hooks
 
 
 def available() -> dict[str, Callable[[Session], Candidate]]:
@@ -126,8 +168,10 @@ def available() -> dict[str, Callable[[Session], Candidate]]:
         "loop": Loop,
         "sentinel": WithSentinel,
         "sentinel+snapshots": WithSnapshots,
-        "anomaly": Anomaly,
+        "guard": WithGuard,
+        "guard.step": GuardStep,
         "watch": Watch,
+        "anomaly": Anomaly,
     }
     try:
         import transformers.debug_utils  # noqa: F401

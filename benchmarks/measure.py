@@ -66,8 +66,9 @@ def step_times(workload: Workload, size: str, device: str, rounds: int, steps: i
 def _run(cand: Candidate, batches: list[Any]) -> float:
     _sync(cand.session.device)
     start = time.perf_counter()
-    for i, batch in enumerate(batches):
-        cand.step(i, batch)
+    with cand.attached():
+        for i, batch in enumerate(batches):
+            cand.step(i, batch)
     _sync(cand.session.device)
     return time.perf_counter() - start
 
@@ -125,12 +126,12 @@ def _cuda_syncs(workload: Workload, size: str, steps: int) -> dict[str, float]:
 
     out = {}
     loaded = workload.config(size, steps + 2, "cuda")
-    for name in ("plain", "sentinel"):
+    for name in ("plain", "sentinel", "guard"):
         cand = available()[name](build_session(loaded))
         batches = [b for _, b in itertools.islice(cand.session.batches, steps + 2)]
         _run(cand, batches[:2])
         torch.cuda.set_sync_debug_mode("warn")
-        with warnings.catch_warnings(record=True) as caught:
+        with cand.attached(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for i, batch in enumerate(batches[2:]):
                 cand.step(i, batch)
@@ -197,7 +198,7 @@ def replay_cost(workload: Workload, size: str, device: str, repeats: int = 3) ->
     ratios = []
     for _ in range(repeats):
         plain = _timed(lambda: plain_step(session, batches[1]))
-        tracer = Tracer(session.model, session.optimizer)
+        tracer = Tracer(session)
 
         def traced(t=tracer) -> None:
             with t:

@@ -146,13 +146,69 @@ def test_the_with_form_watches_an_unchanged_loop_by_optimizer_steps():
     assert any("guard.step(fn, batch)" in note for note in report.notes)
 
 
+def test_the_with_form_judges_as_diagnose_does_at_the_sentinels_cost(monkeypatch):
+    """One sentinel for every driver: a NaN born inside the model shows as the loss phase
+    (as in diagnose's fast run; only a replay names the op), and a step costs the
+    sentinel's passes: the batch checked each step, the weights once at the start, never
+    the model's output or the weights after each update."""
+    import nandoctor.runtime.sentinel as sentinel_module
+
+    model, optimizer, batches, _ = tiny_loop()
+    checked: list[int] = []
+    real = sentinel_module.nonfinite
+    monkeypatch.setattr(
+        sentinel_module, "nonfinite", lambda ts, d: checked.append(len(ts)) or real(ts, d)
+    )
+
+    def train_step(step, batch):
+        x, y = batch
+        optimizer.zero_grad()
+        out = model(x)
+        loss = F.cross_entropy(out * float("nan") if step == 3 else out, y)
+        loss.backward()
+        optimizer.step()
+
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for step, batch in enumerate(batches):
+            train_step(step, batch)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.reproduced) == (3, "loss", False)
+    params = len(list(model.parameters()))
+    assert checked == [params] + [1] * 4  # the weights once, then one batch tensor a step
+
+
+def test_guard_step_traces_weights_an_update_broke_back_to_that_update():
+    """Adam with eps=0 on a feature that is always zero: 0/0 in step 0's update. The
+    sentinel meets the NaN weights in step 1's loss; the replay finds them already broken
+    and traces the step before, as diagnose does."""
+    model, _, batches, _ = tiny_loop()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=0.0)
+    for x, _ in batches:
+        x[:, 0] = 0.0
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(Guard(model, optimizer), train_step, batches)
+    report = caught.value.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "optimizer", "0")
+    assert (first.tensor, first.value) == ("param:0.weight", "nan")
+    assert first.op in ("aten.addcdiv_.default", "aten._foreach_addcdiv_.ScalarList")
+    assert report.steps_completed == 0
+
+
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     model, optimizer, batches, train_step = tiny_loop()
     with Guard(model, optimizer) as guard:
         losses = guarded(guard, train_step, batches)
     assert len(losses) == len(batches) and all(torch.isfinite(x) for x in losses)
     assert guard.report is None
-    assert guard.monitor.result.steps_run == len(batches)
+    assert guard.result.steps_run == len(batches)
 
 
 def test_scaler_skips_are_events_not_failures():
@@ -170,7 +226,7 @@ def test_scaler_skips_are_events_not_failures():
 
     with Guard(model, optimizer, scaler) as guard:
         guarded(guard, train_step, batches)
-    skips = [e for e in guard.monitor.result.events if e.kind == "scaler-skip"]
+    skips = [e for e in guard.result.events if e.kind == "scaler-skip"]
     assert guard.report is None and len(skips) >= 2
     assert [e.scale for e in skips] == [2.0**24 / 2**i for i in range(len(skips))]
 

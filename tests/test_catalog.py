@@ -1,4 +1,5 @@
-"""The cause catalog: every SPEC.md id, once, complete, and docs/causes.md in sync."""
+"""The cause catalog: every SPEC.md id, once, complete, and docs/causes.md in sync, with a
+row per id in its table of rules, what-if fixes, math patches and lint checks."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nandoctor.causes import catalog
 from nandoctor.causes.catalog import CATALOG, CauseInfo, get
-from nandoctor.causes.docs import render_causes
+from nandoctor.causes.unit import entry
+from nandoctor.docgen.causes import coverage, render_causes
+from nandoctor.registry import DuplicateError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,9 +65,10 @@ def test_entries_are_frozen():
 
 
 def test_a_duplicate_id_is_refused():
-    with pytest.raises(ValueError, match="registered twice"):
-        catalog._cause("log-of-softmax", "t", "e", "f", "b = 1", "a = 1")
+    with pytest.raises(DuplicateError, match="cause id 'log-of-softmax' is registered twice"):
+        CATALOG.add("log-of-softmax", entry("log-of-softmax", "t", "e", "f", "b = 1", "a = 1"), "x")
     assert isinstance(CATALOG["log-of-softmax"], CauseInfo)
+    assert CATALOG["log-of-softmax"].title != "t"
 
 
 def test_an_unknown_id_names_the_known_ones():
@@ -98,10 +101,32 @@ def test_numbers_practitioners_check():
 
 def test_committed_causes_md_is_generated_from_the_catalog():
     committed = (REPO / "docs" / "causes.md").read_text(encoding="utf-8")
-    assert committed == render_causes(), "run: python -m nandoctor.causes.docs > docs/causes.md"
+    assert committed == render_causes(), "run: python -m nandoctor.docgen.causes > docs/causes.md"
 
 
 def test_causes_md_has_a_section_per_id():
     text = render_causes()
     for cause_id in SPEC_IDS:
         assert f"\n## {cause_id}\n" in text
+
+
+def test_every_spec_id_has_a_row_in_the_table():
+    assert [row.id for row in coverage()] == list(CATALOG)
+    table = render_causes().split("\n## ", 1)[0]
+    for cause_id in SPEC_IDS:
+        (row,) = [line for line in table.splitlines() if line.startswith(f"| [`{cause_id}`]")]
+        assert row.count(" | ") == 5, row  # id, cause, rule, what-if, patch, lint
+
+
+def test_the_table_is_read_from_the_registries():
+    rows = {row.id: row for row in coverage()}
+    assert rows["log-of-softmax"].rule == "`log_of_softmax`"
+    assert rows["log-of-softmax"].patch.startswith("`LogSoftmaxPatch`: log_softmax(x)")
+    assert rows["log-of-softmax"].lint == "[error](lint.md#log-of-softmax)"
+    assert rows["fp16-overflow"].whatif == "bfloat16 autocast instead of float16"
+    assert rows["eps-underflow"].whatif.startswith("in the optimizer phase: the optimizer's eps")
+    assert rows["eps-underflow"].whatif.endswith("; otherwise: the math patch")
+    clip = rows["clip-before-unscale"]  # lint only
+    assert (clip.rule, clip.whatif, clip.patch) == (None, None, None) and clip.lint
+    nothing = rows["nonfinite-parameters"]  # a rule, nothing to replay, nothing to lint
+    assert nothing.rule and (nothing.whatif, nothing.patch, nothing.lint) == (None, None, None)

@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-from nandoctor.setup.distributed import _exit_code
-
 TRAIN = """
 import torch
 from torch import nn
@@ -78,12 +76,3 @@ def test_a_rank_that_raises_ends_the_job_with_exit_3_and_its_error(tmp_path):
     assert proc.returncode == 3
     assert "rank 1: data raised RuntimeError: rank 1 could not read batch 3" in proc.stderr
     assert report is None  # no half-written report
-
-
-def test_exit_codes_of_the_ranks_combine():
-    assert _exit_code({0: 1}) == 1  # rank 0 found a NaN
-    assert _exit_code({0: 1, 1: -15}) == 1  # the others stopped once rank 0 was done
-    assert _exit_code({1: 3, 0: -15}) == 3  # a rank crashed
-    assert _exit_code({0: 2}) == 2
-    assert _exit_code({1: -9}) == 3  # killed
-    assert _exit_code({0: 1, 1: 130}) == 1  # rank 1 was stopped by SIGTERM after rank 0's verdict

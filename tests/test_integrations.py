@@ -140,7 +140,10 @@ def test_transformers_callback_stops_at_the_bad_step_with_the_report(tmp_path):
     with pytest.raises(NonFiniteError) as caught:
         transformers_train(callback, tmp_path)
     first = caught.value.report.first_nonfinite
-    assert (first.step, first.phase) == (3, "forward")  # the model returns its loss
+    # NB: the NaN is born inside the model, which returns its loss: the sentinel of
+    # diagnose does not check the model's output every step, so the loss is where it
+    # shows (the hooked form cannot replay the step to name the op)
+    assert (first.step, first.phase) == (3, "loss")
 
 
 def test_transformers_callback_can_stop_gracefully(tmp_path):

@@ -13,6 +13,7 @@ import torch
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.localize import ops
 from nandoctor.localize.replay import localize
+from nandoctor.localize.steps import SessionSteps
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
@@ -273,7 +274,7 @@ def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
     optimizer_state = repr(session.optimizer.state_dict())
     rng = torch.get_rng_state()
 
-    assert localize(session, store, 2).reproduced
+    assert localize(session, store, 2, SessionSteps(session)).reproduced
 
     for k, v in session.model.state_dict().items():  # NaN after the bad step: equal_nan
         torch.testing.assert_close(v, weights[k], rtol=0, atol=0, equal_nan=True)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
-from nandoctor.runtime.patches import EpsilonPatch, FiniteMaskPatch, LogSoftmaxPatch
+from nandoctor.causes import catalog
+from nandoctor.registry import DuplicateError
+from nandoctor.runtime.patches import (
+    PATCHES,
+    EpsilonPatch,
+    FiniteMaskPatch,
+    LogSoftmaxPatch,
+    MathPatch,
+    patch_for,
+)
 
 
 def test_log_of_softmax_becomes_log_softmax_in_every_spelling():
@@ -50,3 +60,21 @@ def test_an_epsilon_the_dtype_holds_is_left_alone():
         torch.zeros(4) + 1e-8  # float32 holds 1e-8
         torch.zeros(4, dtype=torch.float16) + 1e-3
     assert patch.hits == 0
+
+
+def test_patches_are_registered_by_cause_id_once():
+    assert {
+        "log-of-softmax": LogSoftmaxPatch,
+        "fully-masked-softmax": FiniteMaskPatch,
+        "eps-underflow": EpsilonPatch,
+    } == PATCHES
+    for cause_id in PATCHES:
+        catalog.get(cause_id)
+
+    class AnotherLogSoftmax(MathPatch):
+        describe = "a second rewrite of log(softmax(x))"
+
+    first = r"first by nandoctor\.runtime\.patches\.LogSoftmaxPatch, again by .*AnotherLogSoftmax"
+    with pytest.raises(DuplicateError, match=first):
+        patch_for("log-of-softmax")(AnotherLogSoftmax)
+    assert PATCHES["log-of-softmax"] is LogSoftmaxPatch

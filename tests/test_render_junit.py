@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from nandoctor.gate.check import Check, Gate
 from nandoctor.render.junit import render_junit
+from nandoctor.report.gate import Check, Gate
 from nandoctor.report.types import Cause
 from tests.test_render_terminal import failing_report
 

@@ -43,7 +43,7 @@ def test_healthy_markdown(tmp_path):
 
 
 def test_markdown_lists_the_health_checks(tmp_path):
-    from nandoctor.gate.check import Check, Gate
+    from nandoctor.report.gate import Check, Gate
 
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite = "healthy", None

@@ -106,7 +106,7 @@ def test_quiet_output_is_a_few_plain_lines(tmp_path):
 
 
 def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
-    from nandoctor.gate.check import Check, Gate
+    from nandoctor.report.gate import Check, Gate
 
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite, report.summary = (

@@ -9,7 +9,8 @@ import pytest
 
 from nandoctor.causes import catalog
 from nandoctor.causes.case import Case, RunFacts, op_base
-from nandoctor.causes.rules import RULES, rank
+from nandoctor.causes.index import RULES
+from nandoctor.causes.ranking import rank
 from nandoctor.report.evidence import (
     Evidence,
     ModuleStat,

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from nandoctor.causes.index import FIXES
+from nandoctor.causes.unit import Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
-from nandoctor.diagnose.verify import verify
+from nandoctor.diagnose.verify import CHANGES, applies, plan, verify
+from nandoctor.registry import DuplicateError
 from nandoctor.report.types import Cause
+from nandoctor.runtime.patches import PATCHES, EpsilonPatch
 from nandoctor.setup.load import load_config
 from tests.conftest import CONFIGS
+from tests.test_rules import case
 
 
 def seed_report():
@@ -44,3 +51,26 @@ def test_a_spent_budget_leaves_causes_unverified():
 def test_a_cause_without_an_applicable_fix_is_returned_unchanged():
     cause = Cause("nondifferentiable-point", "t", 0.9)
     assert verify(cause, None, None, time.perf_counter() + 60) is cause
+
+
+def test_every_config_change_has_one_way_to_apply_it():
+    assert sorted(CHANGES) == sorted(change.name for change in Change)
+    with pytest.raises(DuplicateError, match="config change 'BFLOAT16' is registered twice"):
+        applies(Change.BFLOAT16)(lambda case, loaded: None)
+
+
+def test_a_fix_plan_asks_for_a_patch_exactly_where_one_is_registered():
+    patched = {cause_id for cause_id, fixes in FIXES.items() if any(f.patch for f in fixes)}
+    assert patched == set(PATCHES)
+
+
+def test_a_plan_applies_the_change_or_attaches_the_patch():
+    loaded = load_config(CONFIGS / "eps-underflow.yaml")
+    forward = plan("eps-underflow", Fix(patch=True), case("aten.div.Tensor"), loaded)
+    assert forward.patch is EpsilonPatch and forward.loaded is loaded
+    assert forward.describe == f"with {EpsilonPatch.describe}"
+    bf16 = plan("fp16-overflow", Fix(Change.BFLOAT16), case("aten.mm.default"), loaded)
+    assert bf16.describe == "with bfloat16 autocast instead of float16" and bf16.patch is None
+    assert bf16.loaded.config.precision.dtype == "bfloat16"
+    both = plan("eps-underflow", Fix(Change.BFLOAT16, patch=True), case("aten.mm.default"), loaded)
+    assert both.describe == f"with bfloat16 autocast instead of float16 and {EpsilonPatch.describe}"

@@ -1,4 +1,5 @@
-"""The typer app and the one place where errors become messages and exit codes.
+"""The typer app, and the wrapper every command runs in: errors become messages, and
+whatever the command ended with becomes its exit code (through `outcome.exit_code`).
 
 A `NandoctorError` prints `error: <one line>` (and a hint) on stderr, no traceback;
 a `UserCodeError` adds the user's frames; `--debug` re-raises to show everything.
@@ -19,8 +20,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nandoctor import __version__
-from nandoctor.errors import ExitCode, NandoctorError, UserCodeError
+from nandoctor.cli.outcome import Outcome, exit_code
+from nandoctor.errors import NandoctorError, UserCodeError
+from nandoctor.version import __version__
 
 app = typer.Typer(
     name="nandoctor",
@@ -39,29 +41,29 @@ def stderr_console() -> Console:
 
 
 def handles_errors(command: F) -> F:
-    """Wrap a command: user-fixable errors become one message and their exit code."""
+    """Wrap a command as pytest's `wrap_session` wraps a session: the command returns its
+    `Outcome` or raises; user-fixable errors become one message; either way the exit
+    code is made once, by `exit_code`."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             with _sigterm_as_interrupt():
-                return command(*args, **kwargs)
+                outcome = command(*args, **kwargs)
         except NandoctorError as e:
             if kwargs.get("debug"):
                 raise
             print_error(e)
-            raise typer.Exit(int(e.exit_code)) from None
+            outcome = Outcome(error=e)
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
-            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+            outcome = Outcome(interrupted=True)
         except torch.distributed.DistError as e:  # a peer rank died or hung
             if kwargs.get("debug"):
                 raise
-            rank = os.environ.get("RANK", "?")
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            stderr_console().print(f"[bold red]error:[/] rank {rank}: {escape(first)}")
-            stderr_console().print("[cyan]hint:[/] another rank crashed or hung; see its output")
-            raise typer.Exit(int(ExitCode.USER_CODE)) from None
+            print_peer_error(e)
+            outcome = Outcome(error=e)
+        raise typer.Exit(exit_code(outcome or Outcome()))
 
     return wrapper  # type: ignore[return-value]
 
@@ -82,6 +84,13 @@ def _sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def print_peer_error(error: BaseException) -> None:
+    rank = os.environ.get("RANK", "?")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    stderr_console().print(f"[bold red]error:[/] rank {rank}: {escape(first)}")
+    stderr_console().print("[cyan]hint:[/] another rank crashed or hung; see its output")
 
 
 def print_error(error: NandoctorError) -> None:

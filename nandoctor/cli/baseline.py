@@ -11,9 +11,9 @@ from rich.console import Console
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.diagnose import run_with_progress
+from nandoctor.cli.outcome import Outcome, of_baseline
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose import engine
-from nandoctor.errors import ExitCode
 from nandoctor.gate.baseline import baseline_of
 from nandoctor.render.terminal import render_report
 from nandoctor.setup.load import load_config
@@ -31,20 +31,24 @@ def baseline(
     time_budget: float | None = options.TimeBudget,
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
-) -> None:
+) -> Outcome:
     """Record a healthy run's numeric health; exit 1 (and write nothing) if it is not healthy."""
     options.check_outputs({"--out": out})
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
-    settings = engine.DiagnoseOptions(verify=False, measure_health=True, time_budget=time_budget)
+    # NB: a baseline records the run's health; it does not judge it (no gate)
+    settings = engine.DiagnoseOptions(
+        verify=False, measure_health=True, gate=False, time_budget=time_budget
+    )
     console = Console(stderr=out == "-", highlight=False)
     report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
-    report.gate = None  # a baseline records; it does not judge headroom
     render_report(console, report, quiet=quiet)
-    if report.status != "healthy":
+    outcome = of_baseline(report)
+    if outcome.found:
         console.print("[red]no baseline written: the run was not healthy[/]")
-        raise typer.Exit(int(ExitCode.NONFINITE))
+        return outcome
     write_text(
         out, baseline_of(report, loaded.config.seed, report.steps_completed).to_json(), "--out"
     )
     if not quiet:
         console.print(f"baseline of {report.steps_completed} steps written to {out}")
+    return outcome

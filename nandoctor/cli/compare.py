@@ -9,9 +9,9 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
 from nandoctor.compare import engine
-from nandoctor.errors import ExitCode
 from nandoctor.render.compare import render_comparison
 from nandoctor.render.junit import render_comparison_junit
 from nandoctor.render.markdown import render_comparison_markdown
@@ -42,7 +42,7 @@ def compare(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
-) -> None:
+) -> Outcome:
     """Replay the same batches under the config's dtype and each --dtype, side by side."""
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     outputs["--plot"] = plot_path
@@ -70,7 +70,7 @@ def compare(
             progress[-1].__exit__(None, None, None)
     render_comparison(console, comparison, quiet=quiet)
     write_outputs(comparison, outputs)
-    raise typer.Exit(int(ExitCode.HEALTHY if comparison.healthy else ExitCode.NONFINITE))
+    return of_comparison(comparison)
 
 
 def write_outputs(comparison: Comparison, outputs: dict[str, str | None]) -> None:

@@ -4,6 +4,7 @@ with `--baseline`, gate the run's numeric health against a recorded healthy run.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -11,9 +12,9 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose import engine
-from nandoctor.errors import ExitCode
 from nandoctor.gate.baseline import read_baseline
 from nandoctor.gate.check import Tolerances
 from nandoctor.render.junit import render_junit
@@ -58,14 +59,14 @@ def diagnose(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
-) -> None:
+) -> Outcome:
     """Replay the run, stop at the first non-finite step, and say where and why."""
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():
-        raise typer.Exit(distributed.launch(sys.argv[1:], nproc))
+        return of_ranks(distributed.launch(sys.argv[1:], nproc))
     if distributed.current_rank() != 0:  # rank 0 speaks for the job
         quiet, outputs = True, {}
     tolerances = Tolerances(
@@ -86,11 +87,11 @@ def diagnose(
     )
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
     report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
-    if distributed.current_rank() != 0:
-        raise typer.Exit(0)
+    if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
+        return Outcome()
     render_report(console, report, quiet=quiet)
     write_reports(report, outputs)
-    raise typer.Exit(int(exit_code(report)))
+    return of_report(report)
 
 
 def run_with_progress(
@@ -116,15 +117,11 @@ def run_with_progress(
 
 def write_reports(report: Report, outputs: dict[str, str | None]) -> None:
     """Every report asked for, each written atomically."""
-    renderers = {"--json": Report.to_json, "--markdown": render_markdown, "--junit": render_junit}
+    renderers: dict[str, Callable[[Report], str]] = {
+        "--json": Report.to_json,
+        "--markdown": render_markdown,
+        "--junit": render_junit,
+    }
     for option, path in outputs.items():
         if path:
             write_text(path, renderers[option](report), option)
-
-
-def exit_code(report: Report) -> ExitCode:
-    if report.status == "interrupted":
-        return ExitCode.INTERRUPTED
-    if report.status != "healthy" or (report.gate is not None and not report.gate.passed):
-        return ExitCode.NONFINITE
-    return ExitCode.HEALTHY

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.outcome import Outcome
 from nandoctor.cli.output import write_text
-from nandoctor.errors import ExitCode
 from nandoctor.lint import LintResult, Severity, lint_paths, load_config
 from nandoctor.lint.render import terminal
 from nandoctor.lint.render.json_report import to_json
@@ -38,7 +38,7 @@ def lint(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
-) -> None:
+) -> Outcome:
     """Check training scripts for the patterns that turn a loss NaN; exit 1 on findings."""
     outputs = {"--json": json_path, "--sarif": sarif_path}
     options.check_outputs(outputs)
@@ -47,7 +47,7 @@ def lint(
     stderr = options.report_console_to_stderr(*outputs.values())
     terminal.render(Console(stderr=stderr, highlight=False, soft_wrap=True), result, quiet=quiet)
     write_reports(result, outputs)
-    raise typer.Exit(int(ExitCode.NONFINITE if result.fails(config.fail_on) else ExitCode.HEALTHY))
+    return Outcome(found=result.fails(config.fail_on))
 
 
 def write_reports(result: LintResult, outputs: dict[str, str | None]) -> None:

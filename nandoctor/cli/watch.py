@@ -8,6 +8,7 @@ from rich.console import Console
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
+from nandoctor.cli.outcome import Outcome, of_watch
 from nandoctor.errors import UsageError
 from nandoctor.render.terminal import render_report
 from nandoctor.watch import runner
@@ -39,7 +40,7 @@ def watch(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
-) -> None:
+) -> Outcome:
     """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
     own exit code."""
     if not command:
@@ -57,7 +58,7 @@ def watch(
             )
 
     opts = runner.WatchOptions(keep_going=keep_going, replay=replay, replay_budget=replay_budget)
-    outcome = runner.watch(list(command), opts, on_replay=on_replay)
-    render_report(console, outcome.report, quiet=quiet)
-    write_reports(outcome.report, outputs)
-    raise typer.Exit(outcome.exit_code)
+    watched = runner.watch(list(command), opts, on_replay=on_replay)
+    render_report(console, watched.report, quiet=quiet)
+    write_reports(watched.report, outputs)
+    return of_watch(watched.report, watched.command_code)

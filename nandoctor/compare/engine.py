@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import torch
 
-from nandoctor import __version__
 from nandoctor.compare.verdict import compare_verdict
 from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparison
 from nandoctor.report.types import Tool
@@ -24,6 +23,7 @@ from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, re
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
+from nandoctor.version import __version__
 
 REFERENCE = "float32"
 TOP_MODULES = 5

@@ -1,108 +1,150 @@
-"""Assemble a `Report` from what the engines saw: the fast run, the localisation, the
-session. Sentences for people (the summary) are written here once, for every renderer.
+"""The one report assembly: every driver (`diagnose`, `Guard`, `watch`) hands in what its
+engines returned, as `Findings`, and `assemble` builds the `Report` from it once.
+
+The engines run first and return plain results (the fast run's `RunResult`, the replay's
+`Localization`, the ranked and verified causes, the health and the gate); nothing here
+runs anything, and nothing after this writes into the report. The report's status is
+decided here too (`status_of`), so a status rule is written once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
+from dataclasses import dataclass, field
 
-import torch
-
-from nandoctor import __version__
+from nandoctor.diagnose.summary import replay_notes, summarize
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
 from nandoctor.report.evidence import Evidence
-from nandoctor.report.types import Environment, FirstNonfinite, RankReport, Report, Tool
-from nandoctor.runtime.fast_run import RunResult
-from nandoctor.runtime.probe import Phase
+from nandoctor.report.gate import Gate
+from nandoctor.report.health import Health
+from nandoctor.report.types import Cause, Environment, FirstNonfinite, RankReport, Report, Tool
+from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Verdict
-from nandoctor.setup.devices import CPU_AUTOCAST_NOTE
-from nandoctor.setup.load import LoadedConfig
-from nandoctor.setup.session import Session
+from nandoctor.version import __version__
 
 MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
+INTERRUPTED_CODE = 128 + signal.SIGINT  # 130: how a command stopped by Ctrl-C exits
 
 
-def build_report(
-    command: str,
-    loaded: LoadedConfig,
-    session: Session,
-    result: RunResult,
-    located: Localization | None = None,
-) -> Report:
-    """A report of a run nandoctor built from a config (diagnose, baseline)."""
-    notes = session_notes(session)
-    if result.status == "timeout":
-        notes.append(
-            f"time budget: stopped after {result.steps_run} of {loaded.config.steps} steps; "
-            "the steps run are judged, the rest are not"
-        )
-    return report_from(
-        command,
-        str(loaded.path),
-        environment_of(session),
-        result,
-        located,
-        notes,
-        loaded.config.name,
-    )
+@dataclass
+class Findings:
+    """What the engines returned about one run: everything its report is made of.
+
+    The driver says what ran (`command`, `config`, `name`, `environment`) and what it
+    noticed (`notes`, first in the report); the sentinel what it saw (`result`); the
+    replay where (`located`, and per rank in a data-parallel run); the rules and the
+    what-if replays why (`causes`); the headroom probe and the gate how healthy.
+    """
+
+    command: str
+    config: str
+    environment: Environment
+    result: RunResult
+    name: str | None = None
+    notes: list[str] = field(default_factory=list)
+    located: Localization | None = None
+    causes: list[Cause] = field(default_factory=list)
+    health: Health | None = None
+    gate: Gate | None = None
+    world_size: int | None = None  # a data-parallel run's; None for one process
+    per_rank: list[Localization] | None = None  # each rank's replay, in rank order
+    later_notes: list[str] = field(default_factory=list)  # the engines', after the replay's
+    interrupted: str | None = None  # what an interrupt cut short, as the report says it
+    verify_seconds: float | None = None  # the what-if replays', when they ran
+    command_code: int | None = None  # watch: the exit code of the watched command
 
 
-def report_from(
-    command: str,
-    config: str,
-    environment: Environment,
-    result: RunResult,
-    located: Localization | None,
-    notes: list[str],
-    name: str | None = None,
-) -> Report:
-    """The report of any run the sentinel watched: diagnose's, or a guarded user loop's."""
-    notes = list(notes)
-    if located is not None and located.reproduced and located.note:
-        notes.append(located.note)
-    if located is not None and not located.reproduced:
-        seen = " reach the loss, a gradient or a weight" if located.transients else ""
-        notes.append(
-            f"the instrumented replay of step {located.step} saw no non-finite value{seen}: "
-            "the failure is nondeterministic or transient"
-            + (f" ({located.note})" if located.note else "")
-        )
-    timing = {"run_s": round(result.seconds, 3)}
-    if located is not None:
-        timing["replay_s"] = round(located.seconds, 3)
+def assemble(findings: Findings) -> Report:
+    """The report of a run, built once from what its engines returned."""
+    f = findings
+    status = status_of(f.result, f.interrupted is not None, f.command_code)
     return Report(
-        command=command,
-        config=config,
-        name=name,
-        environment=environment,
-        status="healthy" if result.status == "timeout" else result.status,
-        steps_completed=result.steps_completed,
-        summary=summarize(result, located),
-        first_nonfinite=first_nonfinite(result, located),
-        events=result.events,
-        telemetry=result.telemetry,
-        evidence=evidence_of(located),
-        transients=located.transients if located is not None else [],
-        notes=notes,
-        timing=timing,
+        command=f.command,
+        config=f.config,
+        name=f.name,
+        environment=f.environment,
+        status=status,
+        steps_completed=f.result.steps_completed,
+        summary=summarize(status, f.result, f.located),
+        first_nonfinite=first_nonfinite(f.result, f.located),
+        causes=list(f.causes),
+        events=f.result.events,
+        telemetry=f.result.telemetry,
+        evidence=evidence_of(f.located),
+        transients=f.located.transients if f.located is not None else [],
+        health=f.health,
+        gate=f.gate,
+        ranks=_ranks(f),
+        notes=_notes(f),
+        timing=_timing(f),
         tool=Tool(version=__version__),
     )
 
 
+def status_of(result: RunResult, interrupted: bool = False, command_code: int | None = None) -> str:
+    """healthy | nonfinite | interrupted | error: the report's status, decided once.
+
+    An interrupt during the replay or the what-if replays outranks what the run found;
+    a watched command's own ending counts when the sentinel saw nothing (it may have
+    crashed or been stopped); a run stopped by its time budget is judged on the steps done.
+    """
+    if interrupted:
+        return "interrupted"
+    if command_code is not None:
+        if result.failure is not None:
+            return "nonfinite"
+        if command_code == INTERRUPTED_CODE:
+            return "interrupted"
+        return "healthy" if command_code == 0 else "error"
+    return "healthy" if result.status == "timeout" else result.status
+
+
 def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNonfinite | None:
+    """Where the sentinel saw the failure, made precise by the replay's finding."""
     failure = result.failure
     if failure is None or failure.step is None or failure.phase is None:
         return None
     found = located.finding if located is not None else None
     if found is None:
         return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=False)
-    return _first_of(failure, found)
+    return _first_of(failure.step, found)
 
 
-def _first_of(failure: Verdict, found: Finding) -> FirstNonfinite:
+def evidence_of(located: Localization | None) -> Evidence | None:
+    """What the replay saw around the origin, with the modules' largest magnitudes."""
+    if located is None or located.finding is None:
+        return None
+    return dataclasses.replace(
+        located.finding.evidence,
+        modules=located.modules[:MODULES_IN_EVIDENCE],
+        replayed_from_step=located.from_step,
+    )
+
+
+def rank_reports(
+    world_size: int, failure: Verdict | None, located: list[Localization] | None
+) -> list[RankReport]:
+    """Per rank: where the non-finite value was born (origin), or got in (inherited)."""
+    origin = set(failure.reading.origin_ranks) if failure else set()
+    inherited = set(failure.reading.inherited_ranks) if failure else set()
+    out = []
+    for rank in range(world_size):
+        status = "origin" if rank in origin else ("inherited" if rank in inherited else "clean")
+        found = located[rank].finding if located is not None else None
+        first = (
+            _first_of(failure.step, found)
+            if found is not None and failure is not None and failure.step is not None
+            else None
+        )
+        out.append(RankReport(rank, status, first))
+    return out
+
+
+def _first_of(step: int, found: Finding) -> FirstNonfinite:
     return FirstNonfinite(
-        step=failure.step,
+        step=step,
         phase=found.phase.value,
         module=found.module,
         op=found.op,
@@ -117,87 +159,22 @@ def _first_of(failure: Verdict, found: Finding) -> FirstNonfinite:
     )
 
 
-def evidence_of(located: Localization | None) -> Evidence | None:
-    if located is None or located.finding is None:
+def _ranks(f: Findings) -> list[RankReport] | None:
+    if f.world_size is None:
         return None
-    return dataclasses.replace(
-        located.finding.evidence,
-        modules=located.modules[:MODULES_IN_EVIDENCE],
-        replayed_from_step=located.from_step,
-    )
+    return rank_reports(f.world_size, f.result.failure, f.per_rank)
 
 
-def environment_of(session: Session) -> Environment:
-    return Environment(
-        device=str(session.device),
-        torch=torch.__version__,
-        dtype=str(session.dtype).removeprefix("torch."),
-        grad_scaler=session.scaler is not None,
-        threads=torch.get_num_threads(),
-    )
+def _notes(f: Findings) -> list[str]:
+    """The driver's notes, then the replay's, then the engines' (an interrupt last)."""
+    interrupted = [f.interrupted] if f.interrupted is not None else []
+    return [*f.notes, *replay_notes(f.located), *f.later_notes, *interrupted]
 
 
-def session_notes(session: Session) -> list[str]:
-    notes = []
-    if session.config.device == "auto" and session.device.type == "cpu":
-        notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
-    if session.device.type == "cpu" and session.dtype != torch.float32:
-        notes.append(CPU_AUTOCAST_NOTE)
-    return notes
-
-
-def summarize(result: RunResult, located: Localization | None = None) -> str:
-    if result.status == "interrupted":
-        return f"interrupted after {result.steps_run} steps; no non-finite value seen before"
-    if result.status == "timeout":
-        return f"the time budget stopped the run after {result.steps_run} steps, all finite"
-    if result.failure is None:
-        return f"all {result.steps_run} steps stayed finite"
-    f = result.failure
-    found = located.finding if located is not None else None
-    phase = found.phase if found is not None else f.phase  # the replay's is the precise one
-    head = f"step {f.step}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
-    if found is None:
-        return f"{head}: {f.why}"
-    if found.op is None:
-        return f"{head}: {found.tensor} held {found.count} {found.value} value(s)"
-    sentence = _origin_sentence(found)
-    streak = f.phase is Phase.BACKWARD and f.reading.scale is not None
-    return f"{head}: {f.why}; {sentence}" if streak else f"{head}: {sentence}"
-
-
-def _origin_sentence(found) -> str:
-    parts = [found.op]
-    if found.evidence.backward_of:
-        parts.append(f"in the backward of {found.evidence.backward_of}")
-    if found.module is not None:
-        parts.append(f"in {found.module or '(root)'}")
-    if found.source:
-        parts.append(f"at {found.source}")
-    what = f"{found.value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
-    return " ".join(parts) + f" produced {what}"
-
-
-def rank_reports(
-    world_size: int, failure: Verdict | None, located: list | None
-) -> list[RankReport]:
-    """Per rank: where the non-finite value was born (origin), or got in (inherited)."""
-    origin = set(failure.reading.origin_ranks) if failure else set()
-    inherited = set(failure.reading.inherited_ranks) if failure else set()
-    out = []
-    for rank in range(world_size):
-        status = "origin" if rank in origin else ("inherited" if rank in inherited else "clean")
-        found = located[rank].finding if located is not None else None
-        first = _first_of(failure, found) if found is not None and failure is not None else None
-        out.append(RankReport(rank, status, first))
-    return out
-
-
-def _ranks_clause(failure: Verdict) -> str:
-    origin, inherited = failure.reading.origin_ranks, failure.reading.inherited_ranks
-    if not origin:
-        return ""
-    clause = f", born on rank {', '.join(map(str, origin))}"
-    if inherited:
-        clause += f" (rank {', '.join(map(str, inherited))} inherited it through the all-reduce)"
-    return clause
+def _timing(f: Findings) -> dict[str, float]:
+    timing = {"run_s": round(f.result.seconds, 3)}
+    if f.located is not None:
+        timing["replay_s"] = round(f.located.seconds, 3)
+    if f.verify_seconds is not None:
+        timing["verify_s"] = round(f.verify_seconds, 3)
+    return timing

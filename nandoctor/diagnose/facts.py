@@ -1,5 +1,7 @@
-"""The run's settings and environment as the hooks discovered them, for the report and
-the rules (`diagnose` reads the same from its config and session)."""
+"""The run's environment and settings, read once from its training objects, whoever built
+them: `diagnose`'s session or the objects the hooks discovered in a user's loop (`Guard`,
+`watch`). Both satisfy `TrainingObjects`, so there is one builder of each.
+"""
 
 from __future__ import annotations
 
@@ -7,39 +9,44 @@ import torch
 
 from nandoctor.causes.case import RunFacts
 from nandoctor.report.types import Environment
-from nandoctor.runtime.fast_run import RunResult
-from nandoctor.runtime.hooked import Run
-from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.record import RunResult
+from nandoctor.runtime.state import TrainingObjects
 
 
-def environment_of(run: Run) -> Environment:
+def environment_of(objects: TrainingObjects) -> Environment:
+    """Where the run ran, for the report (a hooked run may not have met its model yet)."""
     return Environment(
-        device=str(run.device or "cpu"),
+        device=str(objects.device or "cpu"),
         torch=torch.__version__,
-        dtype=_name(run.dtype) or "float32",
-        grad_scaler=run.scaler is not None,
+        dtype=_name(objects.dtype) or "float32",
+        grad_scaler=objects.scaler is not None,
         threads=torch.get_num_threads(),
     )
 
 
-def facts_of(run: Run, result: RunResult) -> RunFacts:
-    """The settings the rules read, as the run used them (the optimizer's current lr)."""
+def facts_of(
+    objects: TrainingObjects, result: RunResult, checkpoint: str | None = None
+) -> RunFacts:
+    """The settings the rules read, as the run used them.
+
+    The learning rate and eps are the first param group's, the values the optimizer
+    stepped with (a scheduler changes them there, not in `defaults`); `checkpoint` is
+    the file a `diagnose` run resumed from, which the objects themselves do not know.
+    """
+    optimizer = objects.optimizer
+    group = optimizer.param_groups[0] if optimizer is not None else {}
+    params = objects.params
     failure = result.failure
-    collapsed = (
-        failure is not None
-        and failure.phase is Phase.BACKWARD
-        and failure.reading.scale is not None
-    )
-    group = run.optimizer.param_groups[0] if run.optimizer is not None else {}
-    params = run.params
+    collapsed = failure is not None and failure.collapsed
     return RunFacts(
-        dtype=_name(run.dtype) or "float32",
-        grad_scaler=run.scaler is not None,
-        clip_grad_norm=run.clip_grad_norm,
-        optimizer=type(run.optimizer).__name__ if run.optimizer is not None else "unknown",
+        dtype=_name(objects.dtype) or "float32",
+        grad_scaler=objects.scaler is not None,
+        clip_grad_norm=objects.clip_grad_norm,
+        optimizer=type(optimizer).__name__ if optimizer is not None else "unknown",
         lr=_number(group.get("lr")),
         eps=_number(group.get("eps")),
-        param_dtype=_name(params[0].dtype) if params else "float32",
+        param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
+        checkpoint=checkpoint,
         start_step=result.start_step,
         collapsed=collapsed,
         collapse_why=failure.why if collapsed and failure is not None else "",

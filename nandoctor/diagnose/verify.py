@@ -1,12 +1,15 @@
 """What-if verification: apply a fix nandoctor can make itself, replay, see if it holds.
 
-Each cause id may have a fix: a config change (bfloat16, clipping, a 10x smaller
-learning rate, a usable epsilon), a math patch (`probes/patches.py`), or input filtering.
-The replay rebuilds the run from its start (the same seed, or the checkpoint), so it sees
-the same initial weights and the same batches, applies the fix for the whole run, as a
-user would, and runs **past the failing step by a horizon** (a quarter of the steps to the
-failure, at least 32). Surviving the horizon verifies the fix; failing anywhere refutes
-it, with the step and phase; running out of the time budget leaves it unverified.
+Which fixes apply to a cause is data in the cause's module (`FIXES` there, gathered in
+`causes.index.FIXES`): a config change (`Change`: bfloat16, clipping, a 10x smaller
+learning rate, a usable optimizer epsilon, skipping non-finite batches) and/or its math
+patch (registered under its id in `runtime/patches.py`). This module is the engine: how
+each change is applied to the config (`CHANGES`), and the replay. The replay rebuilds the
+run from its start (the same seed, or the checkpoint), so it sees the same initial weights
+and the same batches, applies the fix for the whole run, as a user would, and runs **past
+the failing step by a horizon** (a quarter of the steps to the failure, at least 32).
+Surviving the horizon verifies the fix; failing anywhere refutes it, with the step and
+phase; running out of the time budget leaves it unverified.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from nandoctor.causes.case import Case
+from nandoctor.causes.index import FIXES
+from nandoctor.causes.unit import Change, Fix, fix_for
 from nandoctor.errors import NandoctorError
+from nandoctor.registry import Registry
 from nandoctor.report.types import Cause
 from nandoctor.runtime.fast_run import fast_run
-from nandoctor.runtime.patches import EpsilonPatch, FiniteMaskPatch, LogSoftmaxPatch, _Patch
+from nandoctor.runtime.patches import PATCHES, MathPatch
 from nandoctor.runtime.probe import Probe
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import build_session
@@ -35,23 +41,25 @@ class Plan:
 
     describe: str
     loaded: LoadedConfig
-    patch: Callable[[], _Patch] | None = None
+    patch: Callable[[], MathPatch] | None = None
     skip_nonfinite_batches: bool = False
 
 
-Planner = Callable[[Case, LoadedConfig], Plan | None]
-FIXES: dict[str, Planner] = {}
+Applier = Callable[[Case, LoadedConfig], Plan | None]
+CHANGES: Registry[Applier] = Registry("config change")
 
 
-def fix(cause_id: str) -> Callable[[Planner], Planner]:
-    def register(fn: Planner) -> Planner:
-        FIXES[cause_id] = fn
+def applies(change: Change) -> Callable[[Applier], Applier]:
+    """Register how `change` is applied: the plan, or None where it cannot be."""
+
+    def register(fn: Applier) -> Applier:
+        CHANGES.add(change.name, fn, by=f"{fn.__module__}.{fn.__qualname__}")
         return fn
 
     return register
 
 
-@fix("fp16-overflow")
+@applies(Change.BFLOAT16)
 def _bfloat16(case: Case, loaded: LoadedConfig) -> Plan | None:
     if case.facts.dtype != "float16":
         return None
@@ -60,7 +68,7 @@ def _bfloat16(case: Case, loaded: LoadedConfig) -> Plan | None:
     )
 
 
-@fix("exploding-gradients")
+@applies(Change.CLIP_GRAD_NORM)
 def _clip(case: Case, loaded: LoadedConfig) -> Plan | None:
     clip = loaded.config.clip_grad_norm
     if clip is not None and clip <= 1.0:
@@ -70,7 +78,7 @@ def _clip(case: Case, loaded: LoadedConfig) -> Plan | None:
     )
 
 
-@fix("learning-rate-too-high")
+@applies(Change.SMALLER_LR)
 def _smaller_lr(case: Case, loaded: LoadedConfig) -> Plan | None:
     optimizer = loaded.config.optimizer
     lr = optimizer.kwargs.get("lr")
@@ -82,25 +90,13 @@ def _smaller_lr(case: Case, loaded: LoadedConfig) -> Plan | None:
     )
 
 
-@fix("nonfinite-input")
+@applies(Change.SKIP_NONFINITE_BATCHES)
 def _filter_inputs(case: Case, loaded: LoadedConfig) -> Plan | None:
     return Plan("with batches holding NaN or inf skipped", loaded, skip_nonfinite_batches=True)
 
 
-@fix("log-of-softmax")
-def _log_softmax(case: Case, loaded: LoadedConfig) -> Plan | None:
-    return Plan(f"with {LogSoftmaxPatch.describe}", loaded, patch=LogSoftmaxPatch)
-
-
-@fix("fully-masked-softmax")
-def _finite_mask(case: Case, loaded: LoadedConfig) -> Plan | None:
-    return Plan(f"with {FiniteMaskPatch.describe}", loaded, patch=FiniteMaskPatch)
-
-
-@fix("eps-underflow")
-def _epsilon(case: Case, loaded: LoadedConfig) -> Plan | None:
-    if case.first.phase != "optimizer":
-        return Plan(f"with {EpsilonPatch.describe}", loaded, patch=EpsilonPatch)
+@applies(Change.OPTIMIZER_EPS)
+def _optimizer_eps(case: Case, loaded: LoadedConfig) -> Plan | None:
     optimizer = loaded.config.optimizer
     if optimizer.name is None:
         return None
@@ -111,13 +107,24 @@ def _epsilon(case: Case, loaded: LoadedConfig) -> Plan | None:
     )
 
 
+def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | None:
+    """The replay `fix` asks for: its config change applied, its cause's patch attached."""
+    changed = Plan("", loaded) if fix.change is None else CHANGES[fix.change.name](case, loaded)
+    if changed is None or not fix.patch:
+        return changed
+    patch = PATCHES[cause_id]
+    words = f"{changed.describe} and" if changed.describe else "with"
+    return replace(changed, describe=f"{words} {patch.describe}", patch=patch)
+
+
 def verify(cause: Cause, case: Case, loaded: LoadedConfig, deadline: float) -> Cause:
     """The cause with `verified` and a `verification` sentence, when a fix applies."""
-    planner = FIXES.get(cause.id)
-    plan = planner(case, loaded) if planner else None
-    if plan is None:
+    fixes = FIXES.get(cause.id)
+    fix = fix_for(fixes, case.first.phase) if fixes else None
+    replayed = plan(cause.id, fix, case, loaded) if fix is not None else None
+    if replayed is None:
         return cause
-    verified, sentence = _replay(plan, case, deadline)
+    verified, sentence = _replay(replayed, case, deadline)
     return replace(cause, verified=verified, verification=sentence)
 
 

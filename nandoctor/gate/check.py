@@ -9,9 +9,12 @@ Every tolerance has a documented default and a command-line override.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from nandoctor.report.gate import Check, Gate
 from nandoctor.report.health import Health
+
+DEFAULT_MAX_HEADROOM = 0.5  # of 65504, checked by default for float16 runs
 
 
 @dataclass(frozen=True)
@@ -24,21 +27,27 @@ class Tolerances:
     min_magnitude: float = 1e-3  # peaks below this are noise, not growth
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str  # "headroom", "activation growth", ...
-    passed: bool
-    message: str
+def gate_of(
+    health: Health,
+    dtype: str,
+    tol: Tolerances,
+    baseline: Health | None = None,
+    baseline_path: str | None = None,
+) -> Gate | None:
+    """The run's gate: the headroom limit (float16 runs, or any run given a limit) first,
+    then the baseline's checks; None when nothing was asked of it.
 
-
-@dataclass
-class Gate:
-    baseline: str  # the baseline file
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+    It returns a verdict and never an exit code: the CLI turns `Gate.passed` into one.
+    """
+    gate = Gate(baseline_path or "")
+    if baseline is not None:
+        gate = compare_to_baseline(health, baseline, gate.baseline, tol)
+    limit = tol.max_headroom
+    if limit is None and dtype == "float16":
+        limit = DEFAULT_MAX_HEADROOM
+    if limit is not None:
+        gate.checks.insert(0, headroom_check(health, limit))
+    return gate if gate.checks else None
 
 
 def headroom_check(health: Health, limit: float) -> Check:

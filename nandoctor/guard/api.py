@@ -11,9 +11,12 @@ Two ways to put it on, both stopping at the first bad step with `NonFiniteError`
     with nandoctor.Guard(model, optimizer, scaler):   # the loop unchanged: steps are
         for x, y in loader: ...                       # counted by optimizer steps
 
-`guard.step` can replay the bad step under the tracer (the report names the op, module,
-tensor and source line); the `with` form cannot replay a loop it does not call, so its
-report names the step, the phase and the trends.
+Both forms judge with `diagnose`'s own sentinel (`runtime.sentinel.Sentinel`, on the
+hooked run: `runtime.hooked.HookedRun`) and record its verdicts the same way
+(`runtime.record.Recorder`). `guard.step` can replay the bad step under the tracer with
+`diagnose`'s own localisation (the report names the op, module, tensor and source line);
+the `with` form cannot replay a loop it does not call, so its report names the step,
+the phase and the trends.
 """
 
 from __future__ import annotations
@@ -24,17 +27,18 @@ from typing import Any, TypeVar
 
 import torch
 
+from nandoctor.diagnose.assemble import Findings, assemble
+from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
-from nandoctor.diagnose.reporting import build_report
 from nandoctor.errors import ExitCode, NandoctorError, UsageError
-from nandoctor.localize.guarded import KeptStep, TrainState, localize_step, named_batch
-from nandoctor.localize.replay import Localization
+from nandoctor.localize.replay import Localization, localize, localize_failure
+from nandoctor.localize.steps import KeptStep, KeptSteps, named_batch
 from nandoctor.report.types import Report
-from nandoctor.runtime.hooked import Run
+from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.monitor import Monitor
-from nandoctor.runtime.probe import Phase, StepContext
-from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.probe import StepContext
+from nandoctor.runtime.record import Recorder, RunResult
+from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
 
 T = TypeVar("T")
@@ -81,10 +85,13 @@ class Guard:
     ) -> None:
         device = next(iter(model.parameters()), torch.empty(0)).device
         enabled = scaler if scaler is not None and scaler.is_enabled() else None
-        self.run = Run(model=model, device=device, scaler=enabled)
+        self.run = HookedRun(
+            model=model, device=device, scaler=enabled, scheduler=scheduler, start_step=start_step
+        )
         self.run.note_optimizer(optimizer)
-        self.state = TrainState(model, optimizer, scaler, scheduler, device, start_step)
-        self.monitor = Monitor(self.run, start_step=start_step)
+        self.sentinel = Sentinel(self.run)
+        self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
+        self.recorder = Recorder(self.result)
         self.name = name if name is not None else (sys.argv[0] or "<python>")
         self.report: Report | None = None  # set at the first bad step
         self.snapshot_every = snapshot_every
@@ -105,7 +112,7 @@ class Guard:
         step = self._next
         self._snapshots().before_step(step, KeptStep.of(fn, args, kwargs))
         hooks = StepHooks(
-            self.run, self.monitor, model=self.state.model, explicit=True, start_step=step
+            self.run, self.sentinel, model=self.run.model, explicit=True, start_step=step
         )
         with hooks:
             try:
@@ -121,7 +128,8 @@ class Guard:
 
     def _snapshots(self) -> SnapshotStore:
         if self._store is None:
-            self._store = SnapshotStore(self.state, every=self.snapshot_every)  # type: ignore[arg-type]
+            self._store = SnapshotStore(self.run, every=self.snapshot_every)
+            self.recorder.store = self._store  # a streak of skips pins its start's snapshot
         return self._store
 
     # -- the loop unchanged, watched through hooks ---------------------------------------------
@@ -129,8 +137,8 @@ class Guard:
         if self._hooked is None and self.report is None:
             self._hooked = StepHooks(
                 self.run,
-                self.monitor,
-                model=self.state.model,
+                self.sentinel,
+                model=self.run.model,
                 start_step=self._next,
                 on_step_end=self._hooked_step,
             )
@@ -152,7 +160,7 @@ class Guard:
         hooked = self._hooked
         if hooked is None:
             return
-        if hooked.step != self.state.start_step or hooked.ctx is not None:
+        if hooked.step != self.run.start_step or hooked.ctx is not None:
             raise UsageError(
                 "guard.step() called inside a loop the guard already watches through hooks",
                 hint="use either guard.step(fn, batch) for every step or the `with` form alone",
@@ -172,43 +180,42 @@ class Guard:
             hooked.__exit__(None, None, None)
 
     def _judge(self, final: bool = False) -> None:
-        for verdict in self.monitor.collect(final):
-            self._keep_streak_start(verdict)
-            if verdict.failed:
-                self._fail(verdict)
-                return
-
-    def _keep_streak_start(self, v: Verdict) -> None:
-        if self._store is None:
-            return
-        if v.skipped and v.streak_start == v.reading.step:
-            self._store.pin(v.reading.step)
-        elif not v.skipped and not v.failed:
-            self._store.unpin()
+        failure = self.recorder.record(self.sentinel.collect(final))
+        if failure is not None:
+            self._fail(failure)
 
     def _fail(self, verdict: Verdict) -> None:
         self._detach()
         located = self._localize(verdict)
-        result = self.monitor.result
+        result = self.result
         notes = [] if located is not None else [HOOKED_NOTE]
-        self.report = build_report(
-            "guard",
-            self.name,
-            environment_of(self.run),
-            facts_of(self.run, result),
-            result,
-            located,
-            notes,
+        self.report = assemble(
+            Findings(
+                "guard",
+                self.name,
+                environment_of(self.run),
+                result,
+                notes=notes,
+                located=located,
+                causes=causes_of(result, located, facts_of(self.run, result)),
+            )
         )
         if self.raise_error:
             raise NonFiniteError(self.report)
 
     def _localize(self, verdict: Verdict) -> Localization | None:
-        if self._store is None or verdict.step is None:
+        """`diagnose`'s localisation, re-running the kept steps by calling `fn` again; the
+        failure may move one step back (an update that broke the weights)."""
+        store = self._store
+        if store is None or verdict.step is None:
             return None
-        collapsed = verdict.phase is Phase.BACKWARD and verdict.reading.scale is not None
-        scale = verdict.reading.scale if collapsed else None
-        return localize_step(self.state, self._store, verdict.step, loss_scale=scale)
+        steps = KeptSteps(self.run)
+
+        def replay(step: int, loss_scale: float | None) -> Localization:
+            return localize(self.run, store, step, steps, loss_scale=loss_scale)
+
+        located, self.result.failure = localize_failure(verdict, self.run.start_step, replay)
+        return located
 
 
 __all__ = ["Guard", "NonFiniteError"]

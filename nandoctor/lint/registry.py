@@ -16,6 +16,7 @@ from nandoctor.causes import catalog
 from nandoctor.causes.catalog import CauseInfo
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.source import Source
+from nandoctor.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Check:
         return catalog.get(self.id)
 
 
-CHECKS: dict[str, Check] = {}
+CHECKS: Registry[Check] = Registry("lint check")
 
 
 def check(
@@ -57,15 +58,13 @@ def check(
     valid: Iterable[str],
     heuristic: bool = False,
 ) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check under `cause_id`, which must be in the catalog, once."""
+    """Register a check under `cause_id`, which must be in the catalog, once: a second
+    check for the id raises `DuplicateError` (a ValueError) naming both modules."""
 
     def register(run: CheckFunction) -> CheckFunction:
-        if cause_id in CHECKS:
-            raise ValueError(f"lint check {cause_id!r} is registered twice")
         catalog.get(cause_id)  # NB: fails at import for an id the catalog lacks
-        CHECKS[cause_id] = Check(
-            cause_id, severity, summary, run, tuple(invalid), tuple(valid), heuristic
-        )
+        unit = Check(cause_id, severity, summary, run, tuple(invalid), tuple(valid), heuristic)
+        CHECKS.add(cause_id, unit, by=f"{run.__module__}.{run.__qualname__}")
         return run
 
     return register

@@ -1,26 +1,44 @@
-"""Rewind to the bad step and replay it under the tracer: which op, module, tensor, line.
+"""The one localisation: rewind to the bad step and replay it under the tracer, to name
+the op, module, tensor and source line.
 
-The replay starts from the newest snapshot at or before the bad step, re-runs the steps
-in between plainly, then runs the bad step with the tracer. Afterwards the session is put
-back exactly as it was (weights, optimizer, scaler, RNG): localisation leaves no trace.
+`localize` starts from the earliest kept snapshot that reaches the bad step, re-runs the
+steps in between plainly (measuring their updates), then runs the bad step with the
+tracer. Afterwards the training objects are put back exactly as they were (weights,
+optimizer, scaler, RNG): localisation leaves no trace. How a step is run again is the
+driver's (`localize.steps`: nandoctor's `run_step`, or the user's step a `Guard` kept).
+
+`localize_failure` holds what every driver does with a failure, `watch`'s rerun of a
+whole script included: replay a collapse at the scale the streak fell to, and when the
+replay meets weights that were already broken, trace the step before, whose update
+broke them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from nandoctor.errors import UserCodeError
+from nandoctor.localize.steps import StepRunner
 from nandoctor.localize.tracer import Finding, Tracer
+from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
 from nandoctor.report.types import Transient
 from nandoctor.runtime import amp
-from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
-from nandoctor.runtime.step import run_step
-from nandoctor.setup.session import Session
+from nandoctor.runtime.state import TrainingObjects, device_of
+
+# NB: torch.OutOfMemoryError is torch >= 2.5's name; torch.cuda's is the older alias
+MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
+LIGHTER_NOTE = (
+    "out of memory in the full trace: replayed with a lighter one "
+    "(no provenance, module magnitudes or float32 rerun)"
+)
 
 
 @dataclass
@@ -38,92 +56,139 @@ class Localization:
         return self.finding is not None
 
 
-def localize(
-    session: Session, store: SnapshotStore, step: int, *, loss_scale: float | None = None
-) -> Localization:
-    """Replay `step` under the tracer.
+Replay = Callable[[int, float | None], Localization]  # (step, loss scale) -> what it found
 
-    `loss_scale` forces the replayed step's GradScaler scale: after a streak of skips, the
-    step is replayed at the scale the streak collapsed to, so that the benign overflow of
-    a large scale does not hide the value that stays non-finite at any scale.
+
+def localize_failure(
+    failure: Verdict, start_step: int, replay: Replay
+) -> tuple[Localization, Verdict]:
+    """Replay the failure's step; return what it found and the failure, moved one step
+    back when the replay met weights an update had broken at the step before.
+
+    After a collapse of the GradScaler's scale the step is replayed at the scale the
+    streak fell to, so that the benign overflow of a large scale does not hide the value
+    that stays non-finite at any scale.
+    """
+    step = failure.step
+    if step is None:
+        raise ValueError("a verdict that did not fail has no step to replay")
+    located = replay(step, failure.reading.scale if failure.collapsed else None)
+    found = located.finding
+    if (
+        found is not None
+        and found.phase is Phase.PARAMETERS
+        and failure.phase is not Phase.PARAMETERS  # not a bad checkpoint: an earlier update
+        and step > start_step
+    ):
+        earlier = replay(step - 1, None)
+        if earlier.finding is not None and earlier.finding.phase is Phase.OPTIMIZER:
+            why = "the optimizer's update made parameters non-finite (the next step met them)"
+            return earlier, replace(failure, step=step - 1, phase=Phase.OPTIMIZER, why=why)
+    return located, failure
+
+
+def localize(
+    objects: TrainingObjects,
+    store: SnapshotStore,
+    step: int,
+    steps: StepRunner,
+    *,
+    loss_scale: float | None = None,
+) -> Localization:
+    """Replay `step` under the tracer, running kept steps with `steps`; leave no trace.
+
+    `loss_scale` forces the replayed step's GradScaler scale (see `localize_failure`).
+    Out of memory in the full trace, it replays once more with a lighter one.
     """
     started = time.perf_counter()
     here = store.capture_now(-1)
     try:
         try:
-            return _replay(session, store, step, started, loss_scale)
-        except MEMORY_ERRORS:
-            here.restore(session)
-            _free_memory(session)
-            located = _replay(session, store, step, started, loss_scale, light=True)
-            located.note = "out of memory in the full trace: replayed with a lighter one (no provenance, module magnitudes or float32 rerun)"  # noqa: E501
+            return _replay(objects, store, step, steps, started, loss_scale)
+        except (*MEMORY_ERRORS, UserCodeError) as e:
+            if not _out_of_memory(e):
+                raise
+            here.restore(objects)
+            _free_memory(objects)
+            located = _replay(objects, store, step, steps, started, loss_scale, light=True)
+            located.note = LIGHTER_NOTE
             return located
-    except MEMORY_ERRORS:
-        return Localization(step, None, note="out of memory even in the lighter trace")
+    except (*MEMORY_ERRORS, UserCodeError) as e:
+        if _out_of_memory(e):
+            return Localization(step, None, note="out of memory even in the lighter trace")
+        assert isinstance(e, UserCodeError)
+        return Localization(step, None, note=f"the replay of step {step} failed: {e.message}")
     except LookupError as e:
         return Localization(step, None, note=f"could not rewind: {e}")
-    except UserCodeError as e:
-        return Localization(step, None, note=f"the replay of step {step} failed: {e.message}")
     finally:
-        here.restore(session)
+        here.restore(objects)
 
 
-# NB: torch.OutOfMemoryError is torch >= 2.5's name; torch.cuda's is the older alias
-MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
+def _out_of_memory(e: BaseException) -> bool:
+    """Out of memory, raised by the tracer or inside the user's code (which wraps it)."""
+    return isinstance(e.error if isinstance(e, UserCodeError) else e, MEMORY_ERRORS)
 
 
-def _free_memory(session: Session) -> None:
-    if session.device.type == "cuda":
+def _free_memory(objects: TrainingObjects) -> None:
+    if device_of(objects).type == "cuda":
         torch.cuda.empty_cache()
 
 
 def _replay(
-    session: Session,
+    objects: TrainingObjects,
     store: SnapshotStore,
     step: int,
+    steps: StepRunner,
     started: float,
     loss_scale: float | None,
     light: bool = False,
 ) -> Localization:
-    batches = store.rewind_for_replay(step)
-    update = None
-    for s, batch in batches[:-1]:  # re-run the steps in between, measuring their updates
-        before = [p.detach().clone() for p in session.params]
-        run_step(session, s, batch, Probe())
-        ratio = update_ratio(session, s, before)
-        update = ratio if ratio.ratio > 0 else update  # a skipped step moves nothing
-    note = None
-    if loss_scale is not None and session.scaler is not None:
-        amp.set_scale(session.scaler, loss_scale, session.device)
-        note = f"replayed at loss scale {loss_scale:g}, where the streak of skips ended"
-    tracer = Tracer(session.model, session.optimizer, light=light)
+    kept = store.rewind_for_replay(step)
+    updates = UpdateTracker(objects)
+    for s, batch in kept[:-1]:  # re-run the steps in between, measuring their updates
+        updates.before()
+        steps.run(s, batch)
+        updates.after(s)
+    note = set_loss_scale(objects, loss_scale)
+    tracer = Tracer(objects, light=light)
     with tracer:
-        run_step(session, step, batches[-1][1], tracer)
+        steps.run(step, kept[-1][1], tracer)
+    return localization_of(tracer, step, kept[0][0], updates.latest, started, note)
+
+
+def set_loss_scale(objects: TrainingObjects, loss_scale: float | None) -> str | None:
+    """Force the next step's GradScaler scale; the note that says so in the report."""
+    if loss_scale is None or objects.scaler is None:
+        return None
+    amp.set_scale(objects.scaler, loss_scale, device_of(objects))
+    return f"replayed at loss scale {loss_scale:g}, where the streak of skips ended"
+
+
+def localization_of(
+    tracer: Tracer,
+    step: int,
+    from_step: int | None,
+    update: UpdateRatio | None,
+    started: float,
+    note: str | None = None,
+) -> Localization:
+    """What the tracer found at `step`, with the update of the steps before it."""
     finding = tracer.finding
     if finding is not None:
         finding = replace(finding, evidence=replace(finding.evidence, update=update))
+    seconds = time.perf_counter() - started
+    modules = tracer.modules.stats()
     return Localization(
-        step=step,
-        finding=finding,
-        modules=tracer.modules.stats(),
-        from_step=batches[0][0],
-        seconds=time.perf_counter() - started,
-        note=note,
-        transients=tracer.transients,
+        step, finding, modules, from_step, seconds, note, transients=tracer.transients
     )
 
 
-def update_ratio(session: Session, step: int, before: list[torch.Tensor]) -> UpdateRatio:
-    """||w_after - w_before|| / ||w_before||, over all parameters and for the largest one."""
-    names = [n for n, p in session.model.named_parameters() if p.requires_grad]
-    deltas, norms, ratios = [], [], []
-    for b, p in zip(before, session.params, strict=True):
-        d = (p.detach().float() - b.float()).norm()
-        n = b.float().norm()
-        deltas.append(d)
-        norms.append(n)
-        ratios.append(d / n.clamp_min(1e-12))
-    ratio = (torch.stack(deltas).norm() / torch.stack(norms).norm().clamp_min(1e-12)).item()
-    per = torch.stack(ratios).nan_to_num(posinf=float("inf")).tolist()
-    i = max(range(len(per)), key=lambda k: per[k])
-    return UpdateRatio(step=step, ratio=ratio, largest=per[i], largest_param=names[i])
+__all__ = [
+    "MEMORY_ERRORS",
+    "Localization",
+    "Replay",
+    "localization_of",
+    "localize",
+    "localize_failure",
+    "set_loss_scale",
+]

@@ -36,6 +36,7 @@ from nandoctor.localize.stats import kinds_of, tensor_stats
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.state import TrainingObjects
 from nandoctor.runtime.tensors import nonfinite
 
 __all__ = ["Finding", "Tracer"]
@@ -44,13 +45,15 @@ MAX_EVIDENCE = 32  # origins of each kind (accidental, deliberate) with the full
 
 
 class Tracer(Probe):
-    def __init__(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, light: bool = False
-    ) -> None:
-        """`light`: no provenance, module magnitudes or float32 rerun (after running out of
+    def __init__(self, objects: TrainingObjects, *, light: bool = False) -> None:
+        """`objects`: the run's model (known by now) and optimizer (read when an update
+        is traced: a hooked run may meet its optimizer only in the traced step).
+        `light`: no provenance, module magnitudes or float32 rerun (after running out of
         memory); the origin op, module, tensor and line are still found."""
-        self.model, self.optimizer, self.light = model, optimizer, light
-        self.modules = ModuleTracker(model, quiet=self.quiet, enabled=not light)
+        if objects.model is None:
+            raise LookupError("no model to trace: the loop has not run its model yet")
+        self.objects, self.model, self.light = objects, objects.model, light
+        self.modules = ModuleTracker(self.model, quiet=self.quiet, enabled=not light)
         self.origins = OriginTable()
         self.origin: Finding | None = None  # set when the failure is reached
         self.transients: list[Transient] = []
@@ -213,12 +216,14 @@ class Tracer(Probe):
     def _role(self, phase: Phase, t: torch.Tensor) -> str:
         if phase in (Phase.FORWARD, Phase.LOSS):
             return "output"
+        optimizer = self.objects.optimizer
+        state = optimizer.state if optimizer is not None else {}
         for name, p in self.model.named_parameters():
             if t is p:
                 return f"param:{name}"
             if t is p.grad:
                 return f"grad:{name}"
-            for key, value in self.optimizer.state.get(p, {}).items():
+            for key, value in state.get(p, {}).items():
                 if t is value:
                     return f"state:{name}.{key}"
         return "grad_input" if phase is Phase.BACKWARD else "output"

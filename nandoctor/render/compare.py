@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
@@ -19,7 +19,7 @@ def render_comparison(console: Console, comparison: Comparison, quiet: bool = Fa
         console.print(escape(f"nandoctor compare {comparison.config}: {state}"), soft_wrap=True)
         console.print(escape(f"  {comparison.verdict}"), soft_wrap=True)
         return
-    parts = [comparison_table(comparison), "", _plot(comparison)]
+    parts: list[RenderableType] = [comparison_table(comparison), "", _plot(comparison)]
     parts += [f"[dim]note: {escape(n)}[/]" for n in comparison.notes]
     style = "green" if comparison.healthy else "red"
     console.print(

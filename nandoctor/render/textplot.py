@@ -13,13 +13,13 @@ Each series has a one-letter marker; × marks where a series went non-finite.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 NONFINITE = "×"
 
 
 def overlay(
-    series: dict[str, tuple[Sequence[int], Sequence[float]]],
+    series: Mapping[str, tuple[Sequence[int], Sequence[float]]],
     markers: dict[str, str],
     width: int = 60,
     height: int = 10,

@@ -3,7 +3,7 @@
 Per module, the largest activation and gradient magnitudes over the run (and how much of
 float16's 65504 they use); the gradient norm's percentiles; the GradScaler's skips; the
 final loss. Measured with the headroom probe when a gate needs it, never on the plain fast
-path. Plain data; `gate.py` compares two of them.
+path. Plain data; `gate.check` compares two of them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from nandoctor.report.limits import FLOAT16_MAX
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.trends import trends_of
-from nandoctor.setup.dtypes import FLOAT16_MAX
 
 FINAL_WINDOW = 0.1  # the final loss is the mean over the last tenth of the steps (at least 5)
 
@@ -84,7 +84,10 @@ def health_of(telemetry: Telemetry, events: list[Event], peaks: list[Headroom]) 
         steps=len(telemetry.step),
         final_loss=_final_loss(telemetry.loss),
         grad_norm=GradNorms(
-            *(_percentile(grads, q) for q in (50, 90, 99)), grads[-1] if grads else None
+            p50=_percentile(grads, 50),
+            p90=_percentile(grads, 90),
+            p99=_percentile(grads, 99),
+            max=grads[-1] if grads else None,
         ),
         scaler_skips=trends.skips,
         longest_skip_streak=trends.longest_skip_streak,

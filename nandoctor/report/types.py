@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from nandoctor.gate.check import Gate
 from nandoctor.report.evidence import Evidence
+from nandoctor.report.gate import Gate
 from nandoctor.report.health import Health
 from nandoctor.report.telemetry import Event, Telemetry
 

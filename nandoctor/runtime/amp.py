@@ -38,8 +38,9 @@ def restore(scaler: torch.amp.GradScaler | None, state: ScalerState | None) -> N
 
 def set_scale(scaler: torch.amp.GradScaler, value: float, device: torch.device) -> None:
     """Force the next step's loss scale (a replay at the scale a streak collapsed to)."""
-    if scale_tensor(scaler) is None:
+    scale = scale_tensor(scaler)
+    if scale is None:
         scaler._scale = torch.full((), value, dtype=torch.float32, device=device)
         scaler._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
     else:
-        scaler._scale.fill_(value)
+        scale.fill_(value)

@@ -1,31 +1,33 @@
-"""What the hooks learn about a training run they did not build: the probes' `session`.
+"""What the hooks learn about a training run they did not build: its `TrainingObjects`.
 
 `diagnose` builds model, optimizer and scaler itself and hands probes a `Session`. Under
 `watch` or a `Guard`, the user's script built them; the hooks discover them as they run:
 the model at its first forward with grad enabled, the optimizer at its first step, the
-GradScaler when it scales a loss. `Run` holds what was discovered, and offers the few
-attributes the probes read from a session (`params`, `scaler`, `device`, `model`,
-`optimizer`).
+GradScaler when it scales a loss. A `HookedRun` holds what was given and what was
+discovered, and satisfies `runtime.state.TrainingObjects`, so the sentinel, the
+snapshots and the replay take it where they take a `Session`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 
 @dataclass
-class Run:
+class HookedRun:
     model: nn.Module | None = None  # the first model that ran forward with grad enabled
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # given or seen
     clock: torch.optim.Optimizer | None = None  # the first to step: its steps number steps
     scaler: torch.amp.GradScaler | None = None  # an enabled GradScaler that scaled a loss
+    scheduler: Any | None = None  # only when given (Guard): no hook reveals one
     device: torch.device | None = None
     dtype: torch.dtype | None = None  # the autocast dtype at the model's first forward
     clip_grad_norm: float | None = None  # the max_norm of the last clip_grad_norm_ call
-    grad_scale: torch.Tensor | None = None  # the scale the .grad tensors carry now, if any
+    start_step: int = 0  # the number of the first step (a resumed loop's Guard says it)
     _params: list[nn.Parameter] = field(default_factory=list, repr=False)
     _params_key: tuple[int, ...] = field(default=(), repr=False)
 
@@ -78,7 +80,7 @@ class Run:
             self.clock = optimizer
 
     def note_scaler(self, scaler: torch.amp.GradScaler) -> None:
-        """An enabled GradScaler scaled a loss (the monitor's judge then learns its scale)."""
+        """An enabled GradScaler scaled a loss (the sentinel's judge then learns its scale)."""
         if scaler.is_enabled():
             self.scaler = scaler
 

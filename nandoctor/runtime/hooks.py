@@ -11,7 +11,8 @@ GradScaler, clipping)::
     loss.backward() / scaler.scale(loss).backward()
                                       LOSS ends (ctx.loss, unscaled), BACKWARD opens
                                       ... BACKWARD ends when backward returns (the
-                                      grads are final for this micro-batch); the phase
+                                      grads are final for this micro-batch, and carry
+                                      the loss scale: ctx.grad_scale); the phase
                                       stays BACKWARD for unscale_ and clipping
     optimizer.step() / scaler.step()  OPTIMIZER ... OPTIMIZER ends, then step_ended:
                                       one step per step of the first optimizer seen
@@ -19,10 +20,11 @@ GradScaler, clipping)::
 The model is the outermost module that runs with grad enabled and owns trainable
 parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase). Forwards
 under `no_grad` (evaluation) and recomputations inside backward (checkpointing) are not
-steps. `optimizer.step(closure)` runs the closure's forward and backward inside the step;
-its OPTIMIZER phase is announced after them. In `explicit` mode (`Guard.step`) the
-caller opens and closes each step and names its batch; optimizer steps then only mark
-the OPTIMIZER phase.
+steps. With gradient accumulation a step announces each forward, loss and backward
+(`runtime.sentinel` adds them up). `optimizer.step(closure)` runs the closure's forward
+and backward inside the step; its OPTIMIZER phase is announced after them. In `explicit`
+mode (`Guard.step`) the caller opens and closes each step and names its batch; optimizer
+steps then only mark the OPTIMIZER phase.
 
 Everything here is host-side bookkeeping; the probe decides what runs on the device.
 """
@@ -39,9 +41,9 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.runtime import wrappers as patches
 from nandoctor.runtime import amp
-from nandoctor.runtime.hooked import Run
+from nandoctor.runtime import wrappers as patches
+from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 
 StepCallback = Callable[[StepContext], None]
@@ -52,7 +54,7 @@ class StepHooks:
 
     def __init__(
         self,
-        run: Run,
+        run: HookedRun,
         probe: Probe,
         *,
         model: nn.Module | None = None,
@@ -160,9 +162,9 @@ class StepHooks:
         self._worked = True
         loss, scale = self._loss_of(tensors)
         if loss is not None:
-            ctx.loss = loss if ctx.loss is None else _first_nonfinite(ctx.loss, loss)
+            ctx.loss = loss  # this micro-batch's: the probe adds up a step's losses
             self.probe.phase_ended(ctx, Phase.LOSS)
-        self.run.grad_scale = scale
+        ctx.grad_scale = scale
         ctx.phases[:] = [Phase.BACKWARD]
         self.probe.phase_started(ctx, Phase.BACKWARD)
 
@@ -234,7 +236,7 @@ class StepHooks:
         return self.ctx
 
     def _open(self, batch: Any) -> StepContext:
-        ctx = StepContext(self.run, self.step, batch)  # type: ignore[arg-type]
+        ctx = StepContext(self.run, self.step, batch)
         if self.on_step_start is not None:
             self.on_step_start(ctx)
         self.ctx, self._worked = ctx, False
@@ -256,8 +258,3 @@ class StepHooks:
         self.probe.phase_started(ctx, phase)
         self.probe.phase_ended(ctx, phase)
         ctx.phases.pop()
-
-
-def _first_nonfinite(kept: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """With several backward calls a step (accumulation), a bad loss is not overwritten."""
-    return torch.where(torch.isfinite(kept), new, kept)

@@ -1,22 +1,31 @@
-"""Patches: probes that change the math for a what-if replay, without touching the user's
-code. Each is a `TorchFunctionMode` entered for the whole replay; `hits` counts the calls
-it rewrote, so a patch that found nothing to rewrite is not mistaken for a fix.
+"""Math patches: probes that change the math for a what-if replay, without touching the
+user's code. Each is a `TorchFunctionMode` entered for the whole replay; `hits` counts the
+calls it rewrote, so a patch that found nothing to rewrite is not mistaken for a fix.
 
-- `LogSoftmaxPatch`: `log(softmax(x))` becomes `log_softmax(x)`.
-- `FiniteMaskPatch`: `masked_fill(mask, -inf)` fills with the dtype's finite minimum.
-- `EpsilonPatch`: an epsilon the dtype rounds to 0 (`x + 1e-8` in float16, `eps=1e-8` of
-  a norm) is raised to the dtype's smallest normal number.
+Each is registered in `PATCHES` under the cause id whose fix it is (a cause's fix plan asks
+for it with `Fix(patch=True)`; diagnose/verify.py looks it up here), once:
+
+- `log-of-softmax`, `LogSoftmaxPatch`: `log(softmax(x))` becomes `log_softmax(x)`.
+- `fully-masked-softmax`, `FiniteMaskPatch`: `masked_fill(mask, -inf)` fills with the
+  dtype's finite minimum.
+- `eps-underflow`, `EpsilonPatch`: an epsilon the dtype rounds to 0 (`x + 1e-8` in float16,
+  `eps=1e-8` of a norm) is raised to the dtype's smallest normal number.
+
+The ids are plain strings here: the runtime sits below the causes and does not import them;
+tests/test_whatif.py checks that every id is a cause whose fix plan uses the patch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from nandoctor.registry import Registry
 from nandoctor.runtime.probe import Probe
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
@@ -29,8 +38,8 @@ if hasattr(F, "rms_norm"):
     _NORMS.add(F.rms_norm)
 
 
-class _Patch(Probe, TorchFunctionMode):
-    """A probe whose lifetime is a `TorchFunctionMode`'s."""
+class MathPatch(Probe, TorchFunctionMode):
+    """A probe whose lifetime is a `TorchFunctionMode`'s; `describe` completes "with ..."."""
 
     describe = ""
 
@@ -38,7 +47,7 @@ class _Patch(Probe, TorchFunctionMode):
         TorchFunctionMode.__init__(self)
         self.hits = 0
 
-    def __enter__(self) -> _Patch:
+    def __enter__(self) -> MathPatch:
         TorchFunctionMode.__enter__(self)
         return self
 
@@ -52,7 +61,22 @@ class _Patch(Probe, TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class LogSoftmaxPatch(_Patch):
+P = TypeVar("P", bound=type[MathPatch])
+PATCHES: Registry[type[MathPatch]] = Registry("math patch")
+
+
+def patch_for(cause_id: str) -> Callable[[P], P]:
+    """Register a patch class as the math fix of `cause_id`; a second one for it raises."""
+
+    def register(cls: P) -> P:
+        PATCHES.add(cause_id, cls, by=f"{cls.__module__}.{cls.__qualname__}")
+        return cls
+
+    return register
+
+
+@patch_for("log-of-softmax")
+class LogSoftmaxPatch(MathPatch):
     describe = "log_softmax(x) substituted for log(softmax(x))"
 
     def __init__(self) -> None:
@@ -71,7 +95,8 @@ class LogSoftmaxPatch(_Patch):
         return out
 
 
-class FiniteMaskPatch(_Patch):
+@patch_for("fully-masked-softmax")
+class FiniteMaskPatch(MathPatch):
     describe = "masks filled with the dtype's finite minimum instead of -inf"
 
     def rewrite(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -81,7 +106,8 @@ class FiniteMaskPatch(_Patch):
         return func(*args, **kwargs)
 
 
-class EpsilonPatch(_Patch):
+@patch_for("eps-underflow")
+class EpsilonPatch(MathPatch):
     describe = "epsilons raised to what the dtype can hold"
 
     def rewrite(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -93,9 +119,9 @@ class EpsilonPatch(_Patch):
                 self.hits += 1
                 raised = torch.finfo(tensor.dtype).tiny
                 args = (tensor, raised) if args[0] is tensor else (raised, tensor)
-        elif func in _NORMS and _too_small(kwargs.get("eps"), _dtype(args)):
+        elif func in _NORMS and (dtype := _dtype(args)) and _too_small(kwargs.get("eps"), dtype):
             self.hits += 1
-            kwargs = {**kwargs, "eps": torch.finfo(_dtype(args)).tiny}
+            kwargs = {**kwargs, "eps": torch.finfo(dtype).tiny}
         return func(*args, **kwargs)
 
 

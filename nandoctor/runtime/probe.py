@@ -14,9 +14,14 @@ The loop (`nandoctor.runtime.step.run_step`) calls, for every optimizer step::
     step_ended(ctx)
 
 `ctx.phase` always names the innermost phase under way, so a probe that sees operators
-(the tracer) knows where each one ran. A probe must not change the math unless it is a
-patch (the what-if replays); it installs what it needs in `__enter__` and removes all of
-it in `__exit__`, exceptions included.
+(the tracer) knows where each one ran. A user's loop followed through hooks
+(`runtime.hooks.StepHooks`) announces the same phases, with two differences a probe may
+meet: a phase can end several times in one step (gradient accumulation: several
+forwards, losses and backwards), and BACKWARD ends when `backward()` returns, before
+the user unscales, so the gradients still carry the loss scale (`ctx.grad_scale`).
+
+A probe must not change the math unless it is a patch (the what-if replays); it installs
+what it needs in `__enter__` and removes all of it in `__exit__`, exceptions included.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from nandoctor.setup.session import Session
+    from nandoctor.runtime.state import TrainingObjects
 
 
 class Phase(str, Enum):
@@ -44,15 +49,22 @@ class Phase(str, Enum):
 
 @dataclass
 class StepContext:
-    """What one step has produced so far; probes read it, only the loop writes it."""
+    """What one step has produced so far; probes read it, only the driver writes it.
 
-    session: Session
+    `session` holds the training objects: nandoctor's `Session`, or the `HookedRun` the
+    hooks discovered in a user's loop.
+    """
+
+    session: TrainingObjects
     step: int
     batch: Any
     phases: list[Phase] = field(default_factory=list)
     output: Any = None
-    loss: torch.Tensor | None = None
-    grad_norm: torch.Tensor | None = None
+    loss: torch.Tensor | None = None  # the loss that ended the last LOSS phase
+    grad_norm: torch.Tensor | None = None  # the norm clipping measured, when it ran
+    # NB: the loss scale the gradients still carry when BACKWARD ends: None where the step
+    # unscaled them first (`run_step`); a user's loop unscales after backward, if ever
+    grad_scale: torch.Tensor | None = None
 
     @property
     def phase(self) -> Phase | None:

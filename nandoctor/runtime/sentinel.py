@@ -1,12 +1,24 @@
-"""The sentinel: the cheap watch that finds the first bad step of a run.
+"""The sentinel: the cheap watch that finds the first bad step of a run, whoever drives it.
 
-At each phase boundary it adds a 0-dim flag to a list on the device (never reading it);
+At each phase boundary it adds a 0-dim flag to a dict on the device (never reading it);
 at the end of the step it stacks flags and telemetry into one small tensor and reads it
 on the host: the only synchronisation it adds, once per step. On CUDA even that read is
 deferred by a step (a non-blocking copy into pinned memory plus an event), so the host
 never waits for the GPU to drain; the verdict of step N arrives after step N+1 was queued.
 
-A reading becomes a `Verdict` in `judge`, which holds the rules of SPEC.md: the first
+The same sentinel watches nandoctor's own step (`runtime.step.run_step`: diagnose,
+compare, the what-if replays) and a user's loop followed through hooks
+(`runtime.hooks.StepHooks`: Guard, watch). A foreign loop differs in what its driver
+announces, and the sentinel's rules already cover both, so it has no mode for it:
+
+- gradients at the end of BACKWARD still carry the GradScaler's scale when the driver
+  says so (`ctx.grad_scale`): their norm is divided by it; the finite flag is the same;
+- a phase may end several times in a step (gradient accumulation): its flags are OR-ed,
+  and a non-finite loss is never overwritten by a later finite one;
+- the GradScaler may first appear mid-run: the judge learns its scale when it does;
+- the step ends when the driver says so (`step_ended`).
+
+A reading becomes a `Verdict` in `Judge`, which holds the rules of SPEC.md: the first
 phase whose values went non-finite is the failure; a GradScaler skip is an event, and
 becomes a failure only when skips repeat until the scale collapses.
 """
@@ -23,15 +35,16 @@ import torch
 
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.state import TrainingObjects, device_of
 from nandoctor.runtime.tensors import floating, gradient_check, nonfinite
 
 if TYPE_CHECKING:
-    from nandoctor.setup.session import Session
+    from nandoctor.setup.distributed import Ranks
 
 MAX_SKIP_STREAK = 32  # consecutive scaler skips that count as a collapse (2**32 of range)
 MIN_SCALE = 1.0  # a loss scale below this (and below init_scale / 2**16) has collapsed
 
-# The packed reading, in this order: one float32 per slot.
+# The packed reading, in this order: one float64 per slot.
 _SLOTS = (
     "params_before",
     "input",
@@ -77,62 +90,97 @@ class Verdict:
     streak_start: int | None = None  # with `skipped`: the first step of the current streak
     why: str = ""
 
+    @property
+    def collapsed(self) -> bool:
+        """A GradScaler's scale collapsed: bad gradients in a run with a scaler, which
+        fail only once skips repeat (`step` is then the streak's first step, and the
+        reading's scale the one the streak fell to)."""
+        return self.phase is Phase.BACKWARD and self.reading.scale is not None
+
 
 class Sentinel(Probe):
-    """Watches every step of a session; `collect()` yields the verdicts as they arrive."""
+    """Watches every step; `collect()` yields the verdicts as they arrive.
+
+    `ranks`: this process's place in a data-parallel job (every rank's flags are read
+    together). `defer`: read each step's flags one step late (None: on CUDA). `thorough`
+    also checks the model's output and the weights after each update (two more passes
+    a step): exact phases without a replay, for `compare`. `diagnose`, `Guard` and
+    `watch` leave them to the replay, which names the phase anyway: a non-finite output
+    shows in the loss, and weights an update broke show at the next step, which the
+    replay traces back to that update.
+    """
 
     def __init__(
-        self, session: Session, *, defer: bool | None = None, thorough: bool = False
+        self,
+        objects: TrainingObjects,
+        *,
+        ranks: Ranks | None = None,
+        defer: bool | None = None,
+        thorough: bool = False,
     ) -> None:
-        """`thorough` also checks the model's output and the weights after each update
-        (two more passes a step): exact phases without a replay, for `compare`. `diagnose`
-        leaves them to the replay, which names the phase anyway: a non-finite output shows
-        in the loss, and weights an update broke show at the next step, which the replay
-        traces back to that update."""
+        self.objects = objects
+        self.ranks = ranks
+        self.defer = defer
         self.thorough = thorough
-        self.device = session.device
-        self.ranks = session.ranks
-        self.defer = self.device.type == "cuda" if defer is None else defer
         self._flags: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None, bool]] = []
         self._checked_params_once = False
-        self._judge = Judge.for_scaler(session.scaler)
+        self._judge = Judge.for_scaler(objects.scaler)
+        self._judged_scaler = objects.scaler
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
         self._flags = {}
         if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
-            self._flags["params_before"] = nonfinite(ctx.session.params, self.device)
-            self._checked_params_once = True
+            params = self.objects.params  # NB: a hooked run may not know them before a step
+            if params:
+                self._flags["params_before"] = nonfinite(params, self._device())
+                self._checked_params_once = True
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
-        flags = self._flags
         if phase is Phase.INPUT:
-            flags["input"] = nonfinite(floating(ctx.batch), self.device)
+            self._any("input", nonfinite(floating(ctx.batch), self._device()))
         elif phase is Phase.FORWARD and self.thorough:
-            bad = nonfinite(floating(ctx.output), self.device)
-            flags["forward"] = flags["forward"] | bad if "forward" in flags else bad
-        elif phase is Phase.LOSS:
-            flags["loss"] = ctx.loss.detach().float()
-            flags["loss_bad"] = _bad(flags["loss"])
+            self._any("forward", nonfinite(floating(ctx.output), self._device()))
+        elif phase is Phase.LOSS and ctx.loss is not None:
+            self._loss_ended(ctx.loss.detach().float())
         elif phase is Phase.BACKWARD:
             self._grads_ended(ctx)
         elif phase is Phase.OPTIMIZER and self.thorough:
-            flags["params"] = nonfinite(ctx.session.params, self.device)
+            self._flags["params"] = nonfinite(self.objects.params, self._device())
+
+    def _loss_ended(self, loss: torch.Tensor) -> None:
+        kept = self._flags.get("loss")
+        # NB: with several losses in a step (accumulation), a non-finite one is kept
+        self._flags["loss"] = loss if kept is None else torch.where(_bad(kept), kept, loss)
+        self._any("loss_bad", _bad(loss))
 
     def _grads_ended(self, ctx: StepContext) -> None:
-        grads = [p.grad for p in ctx.session.params if p.grad is not None]
-        norm, bad = gradient_check(grads, self.device, ctx.grad_norm)
-        self._flags["grad_norm"], self._flags["grads"] = norm, bad
+        device = self._device()
+        grads = [p.grad for p in self.objects.params if p.grad is not None]
+        norm, bad = gradient_check(grads, device, ctx.grad_norm)
+        carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is
+        if carried is not None:
+            norm = norm / carried
+        self._flags["grad_norm"] = norm
+        self._any("grads", bad)
         local = self.ranks.local_grads_bad() if self.ranks is not None else None
-        self._flags["local_grads"] = local if local is not None else self._flags["grads"]
-        scale = amp.scale_tensor(ctx.session.scaler)
+        self._any("local_grads", local if local is not None else bad)
+        scale = carried if carried is not None else amp.scale_tensor(self.objects.scaler)
         if scale is not None:  # the scale this step used; update() changes it in place
             self._flags["scale"] = scale.detach().clone()
 
+    def _any(self, key: str, flag: torch.Tensor) -> None:
+        """Raise `key` if `flag` is; a phase that ends again in the step only adds to it."""
+        kept = self._flags.get(key)
+        self._flags[key] = flag if kept is None else kept | flag
+
     def step_ended(self, ctx: StepContext) -> None:
-        has_scaler = ctx.session.scaler is not None
-        zero = torch.zeros((), device=self.device)
+        device = self._device()
+        if self.defer is None:
+            self.defer = device.type == "cuda"
+        has_scale = "scale" in self._flags
+        zero = torch.zeros((), device=device)
         packed = torch.stack([self._flags.get(k, zero).double().reshape(()) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
             packed = self.ranks.gather_rows(packed)
@@ -141,28 +189,39 @@ class Sentinel(Probe):
             host.copy_(packed, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self._pending.append((ctx.step, host, event, has_scaler))
+            self._pending.append((ctx.step, host, event, has_scale))
         else:
-            self._pending.append((ctx.step, packed, None, has_scaler))
+            self._pending.append((ctx.step, packed, None, has_scale))
         self._flags = {}
+
+    def _device(self) -> torch.device:
+        return device_of(self.objects)
 
     # -- host side ------------------------------------------------------------------
     def collect(self, final: bool = False) -> Iterator[Verdict]:
         """Verdicts of the steps whose readings are ready; with `final`, of all of them."""
         keep = 0 if (final or not self.defer) else 1
         while len(self._pending) > keep:
-            step, values, event, has_scaler = self._pending.pop(0)
+            step, values, event, has_scale = self._pending.pop(0)
             if event is not None:
                 event.synchronize()
             rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
-            yield self._judge(_reading(step, rows, has_scaler))
+            yield self._current_judge()(_reading(step, rows, has_scale))
+
+    def _current_judge(self) -> Judge:
+        """A hooked run may meet its GradScaler only when it first scales a loss: the judge
+        then learns that scaler's scale (never in the middle of a streak of skips)."""
+        scaler = self.objects.scaler
+        if scaler is not self._judged_scaler and self._judge.streak == 0:
+            self._judge, self._judged_scaler = Judge.for_scaler(scaler), scaler
+        return self._judge
 
 
 def _bad(value: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(value)
 
 
-def _reading(step: int, rows: list[list[float]], has_scaler: bool) -> Reading:
+def _reading(step: int, rows: list[list[float]], has_scale: bool) -> Reading:
     """One reading from every rank's row: a flag is up if any rank raised it."""
     per_rank = [dict(zip(_SLOTS, row, strict=True)) for row in rows]
     any_rank = {k: any(r[k] for r in per_rank) for k in _SLOTS}
@@ -179,7 +238,7 @@ def _reading(step: int, rows: list[list[float]], has_scaler: bool) -> Reading:
         params=any_rank["params"],
         loss=statistics.fmean(r["loss"] for r in per_rank),
         grad_norm=first["grad_norm"],  # the same on every rank after the all-reduce
-        scale=first["scale"] if has_scaler else None,
+        scale=first["scale"] if has_scale else None,
         origin_ranks=origin if len(per_rank) > 1 else (),
         inherited_ranks=tuple(i for i in bad if i not in origin) if len(per_rank) > 1 else (),
     )

@@ -10,6 +10,9 @@ Policy: `every: auto` snapshots every step while the state is small and every K 
 when it is large (K grows with the bytes to copy, so the copy stays a small part of a
 step); `every: N` forces it. Buffers are allocated once and reused, so capturing costs a
 copy, not an allocation.
+
+Snapshots read the training objects through `TrainingObjects`, so the same store serves
+`diagnose`'s session and a `Guard`'s hooked run.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nandoctor.runtime import amp
+from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
 from nandoctor.runtime.tensors import iter_tensors, map_tensors
-from nandoctor.setup.session import Session
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -36,8 +40,8 @@ AUTO_MAX_EVERY = 64  # ...and at most this many
 class RngState:
     python: Any
     numpy: Any
-    torch: torch.Tensor
-    cuda: list[torch.Tensor] | None
+    torch: Tensor  # NB: `Tensor`, not `torch.Tensor`: this field's name hides the module here
+    cuda: list[Tensor] | None
 
     @classmethod
     def capture(cls) -> RngState:
@@ -76,33 +80,35 @@ class StateSnapshot:
         tensors = [*self.model.values(), *iter_tensors(self.optimizer.get("state", {}))]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def capture(self, session: Session, step: int) -> None:
+    def capture(self, objects: TrainingObjects, step: int) -> None:
+        model, optimizer = model_and_optimizer(objects)
         self.step = step
-        _copy_into(self.model, session.model.state_dict())
-        optimizer = session.optimizer.state_dict()
+        _copy_into(self.model, model.state_dict())
+        state = optimizer.state_dict()
         self.optimizer = {
             "state": {
                 i: _copy_into(self.optimizer.get("state", {}).get(i, {}), s)
-                for i, s in optimizer["state"].items()
+                for i, s in state["state"].items()
             },
-            "param_groups": copy.deepcopy(optimizer["param_groups"]),
+            "param_groups": copy.deepcopy(state["param_groups"]),
         }
-        self.scaler = amp.capture(session.scaler)
-        self.scheduler = (
-            copy.deepcopy(session.scheduler.state_dict()) if session.scheduler else None
-        )
+        self.scaler = amp.capture(objects.scaler)
+        scheduler = objects.scheduler
+        self.scheduler = copy.deepcopy(scheduler.state_dict()) if scheduler else None
         self.rng = RngState.capture()
 
-    def restore(self, session: Session) -> None:
-        if session.device.type == "cuda":
-            torch.cuda.synchronize(session.device)  # the async copies into host memory are done
-        session.model.load_state_dict(self.model)
+    def restore(self, objects: TrainingObjects) -> None:
+        model, optimizer = model_and_optimizer(objects)
+        device = objects.device
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)  # the async copies into host memory are done
+        model.load_state_dict(self.model)
         # NB: load_state_dict keeps tensors that already sit on the right device and dtype,
         # and the optimizer then updates them in place: hand it copies, keep ours intact.
-        session.optimizer.load_state_dict(_cloned(self.optimizer))
-        amp.restore(session.scaler, self.scaler)
-        if session.scheduler is not None and self.scheduler is not None:
-            session.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
+        optimizer.load_state_dict(_cloned(self.optimizer))
+        amp.restore(objects.scaler, self.scaler)
+        if objects.scheduler is not None and self.scheduler is not None:
+            objects.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
         if self.rng is not None:
             self.rng.restore()
 
@@ -138,8 +144,8 @@ def _cloned(obj: Any) -> Any:
 class SnapshotStore:
     """The snapshots and batches that let any recent step be replayed."""
 
-    def __init__(self, session: Session, every: int | None = None) -> None:
-        self.session = session
+    def __init__(self, objects: TrainingObjects, every: int | None = None) -> None:
+        self.objects = objects
         self.every = every  # None: decided from the state's size (`auto`)
         self._snapshots: list[StateSnapshot] = []
         self._spare: list[StateSnapshot] = []
@@ -167,13 +173,13 @@ class SnapshotStore:
         snapshot = self._earliest_reaching(step) if earliest else self._latest_at_or_before(step)
         if snapshot is None or any(s not in self._batches for s in range(snapshot.step, step + 1)):
             raise LookupError(f"no snapshot reaches step {step}")
-        snapshot.restore(self.session)
+        snapshot.restore(self.objects)
         return [(s, self._batches[s]) for s in range(snapshot.step, step + 1)]
 
     def rewind_for_replay(self, step: int) -> list[tuple[int, Any]]:
         """Rewind as far back as the kept snapshots reach (the steps before `step` are
         replayed too, so their updates can be measured); never past `start_step`."""
-        if step > self.session.start_step:
+        if step > self.objects.start_step:
             try:
                 return [*self.rewind_to(step - 1, earliest=True), self.batch_at(step)]
             except LookupError:
@@ -187,7 +193,7 @@ class SnapshotStore:
 
     def capture_now(self, step: int) -> StateSnapshot:
         snapshot = StateSnapshot()
-        snapshot.capture(self.session, step)
+        snapshot.capture(self.objects, step)
         return snapshot
 
     @property
@@ -200,16 +206,17 @@ class SnapshotStore:
 
     def _every(self) -> int:
         if self.every is None:
-            if not self.session.optimizer.state:  # Adam & co. create their state at step 0
+            _, optimizer = model_and_optimizer(self.objects)
+            if not optimizer.state:  # Adam & co. create their state at step 0
                 return 1
-            size = state_bytes(self.session)
+            size = state_bytes(self.objects)
             period = math.ceil(size / AUTO_BYTES_PER_STEP)
             self.every = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
         return self.every
 
     def _capture(self, step: int) -> None:
         reuse = self._spare.pop() if self._spare else StateSnapshot()
-        reuse.capture(self.session, step)
+        reuse.capture(self.objects, step)
         self._snapshots.append(reuse)
         while len(self._snapshots) > 2:
             old = self._snapshots.pop(0)
@@ -234,12 +241,10 @@ class SnapshotStore:
             del self._batches[s]
 
 
-def state_bytes(session: Session) -> int:
+def state_bytes(objects: TrainingObjects) -> int:
     """Bytes of weights, buffers and optimizer state: what one snapshot copies."""
-    tensors = [
-        *session.model.state_dict().values(),
-        *iter_tensors(list(session.optimizer.state.values())),
-    ]
+    model, optimizer = model_and_optimizer(objects)
+    tensors = [*model.state_dict().values(), *iter_tensors(list(optimizer.state.values()))]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

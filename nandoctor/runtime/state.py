@@ -58,4 +58,22 @@ class TrainingObjects(Protocol):
         ...
 
 
-__all__ = ["TrainingObjects"]
+def device_of(objects: TrainingObjects) -> torch.device:
+    """Where the step runs: the objects' device, else their parameters' (a hooked run learns
+    its device at the model's first forward), else the CPU."""
+    if objects.device is not None:
+        return objects.device
+    params = objects.params
+    return params[0].device if params else torch.device("cpu")
+
+
+def model_and_optimizer(objects: TrainingObjects) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The two objects a snapshot or a replay cannot do without. A `Session` and a `Guard`
+    know them from the start; a hooked run once its loop has stepped."""
+    model, optimizer = objects.model, objects.optimizer
+    if model is None or optimizer is None:
+        raise LookupError("the model and the optimizer are not known yet: no step has run")
+    return model, optimizer
+
+
+__all__ = ["TrainingObjects", "device_of", "model_and_optimizer"]

@@ -31,7 +31,11 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
     with _phase(ctx, probe, Phase.INPUT):
         ctx.batch = to_device(batch, session.device)
     session.optimizer.zero_grad(set_to_none=True)
-    with _phase(ctx, probe, Phase.LOSS), _forward_phases(ctx, probe), session.autocast():
+    with (
+        _phase(ctx, probe, Phase.LOSS),
+        _forward_phases(ctx, probe, session.model),
+        session.autocast(),
+    ):
         with user_code(f"loss (step {step})"):
             loss = session.loss_fn(session.train_model, ctx.batch)
         ctx.loss = _checked_loss(loss)
@@ -103,7 +107,7 @@ def _phase(ctx: StepContext, probe: Probe, phase: Phase) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _forward_phases(ctx: StepContext, probe: Probe) -> Iterator[None]:
+def _forward_phases(ctx: StepContext, probe: Probe, model: torch.nn.Module) -> Iterator[None]:
     """Mark each call of the root model, inside the loss callable, as the forward phase."""
 
     def pre_hook(module: torch.nn.Module, args: Any) -> None:
@@ -115,7 +119,6 @@ def _forward_phases(ctx: StepContext, probe: Probe) -> Iterator[None]:
         probe.phase_ended(ctx, Phase.FORWARD)
         ctx.phases.pop()
 
-    model = ctx.session.model
     handles = [model.register_forward_pre_hook(pre_hook), model.register_forward_hook(post_hook)]
     depth = len(ctx.phases)
     try:

@@ -157,9 +157,10 @@ def _accepts(fn: Callable[..., Any], *names: str) -> bool:
     return all(n in params for n in names)
 
 
-def launch(argv: list[str], nproc_per_node: int) -> int:
+def launch(argv: list[str], nproc_per_node: int) -> dict[int, int]:
     """Run `python -m nandoctor ARGV` on `nproc_per_node` workers through torchrun's code;
-    the exit code says what the ranks found (SPEC's codes), or why a rank died."""
+    the exit code of each rank that did not exit 0 (none: every rank did). The CLI makes
+    the job's exit code of them (`cli.outcome.of_ranks`)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -180,21 +181,8 @@ def launch(argv: list[str], nproc_per_node: int) -> int:
     try:
         run(args)
     except ChildFailedError as e:
-        return _exit_code({rank: f.exitcode for rank, f in e.failures.items()})
-    return 0
-
-
-def _exit_code(codes: dict[int, int]) -> int:
-    """The most telling of the ranks' exit codes: a crash over a usage error over rank 0's
-    verdict (the other ranks exit 0 once done, or are stopped when rank 0 is done first)."""
-    for wanted in (3, 2):
-        if wanted in codes.values():
-            return wanted
-    if codes.get(0) in (1, 130):  # rank 0 found a NaN, or was interrupted
-        return codes[0]
-    if 130 in codes.values():
-        return 130
-    return 3  # killed by a signal, or an exit code nandoctor does not use
+        return {rank: f.exitcode for rank, f in e.failures.items()}
+    return {}
 
 
 __all__ = ["Ranks", "current_rank", "join", "launch", "under_launcher"]

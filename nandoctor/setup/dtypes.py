@@ -1,4 +1,5 @@
-"""Names of the three training dtypes, their aliases, and what each can hold.
+"""Names of the three training dtypes and their aliases (float16's largest value, which
+the report speaks of, is `report.limits.FLOAT16_MAX`).
 
 >>> canonical_dtype("bf16")
 'bfloat16'
@@ -20,7 +21,6 @@ ALIASES: dict[str, str] = {
     "fp32": "float32",
     "float": "float32",
 }
-FLOAT16_MAX = float(torch.finfo(torch.float16).max)  # 65504.0
 
 
 def canonical_dtype(name: str) -> str:

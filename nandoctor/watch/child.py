@@ -1,10 +1,15 @@
-"""Inside a watched process: the sentinel on the script's own loop, through `StepHooks`.
+"""Inside a watched process: `diagnose`'s sentinel on the script's own loop, through
+`StepHooks`.
 
 On the first run it watches every step; at the first bad one it writes what it saw and
 stops the script (`SystemExit(1)`, so the script's `finally` blocks still run), or with
 `--continue` takes its hooks off and lets the script go on. On a replay run (the same
 command again, `trace_step` set) it watches up to that step, runs that one step under
 the tracer, writes what the tracer found and stops.
+
+A script cannot be rewound, so the replay is the whole script run again; its pieces are
+the localisation's own (`localize.replay`): the loss scale a collapse is replayed at, the
+update ratio of the steps before, the tracer and the `Localization` it gives.
 """
 
 from __future__ import annotations
@@ -14,22 +19,19 @@ import dataclasses
 import os
 import sys
 import time
-import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import torch
-
-from nandoctor.runtime import amp
-from nandoctor.runtime.hooked import Run
+from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.monitor import Monitor
-from nandoctor.runtime.probe import Phase, Probes, StepContext
-from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.probe import StepContext
+from nandoctor.runtime.record import Recorder, RunResult
+from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.watch import protocol
 from nandoctor.watch.protocol import Settings
 
 if TYPE_CHECKING:
     from nandoctor.localize.tracer import Tracer
+    from nandoctor.localize.update import UpdateTracker
 
 _attached: Watched | None = None
 UPDATE_WINDOW = 32  # on a replay, the steps before the bad one whose updates are measured
@@ -44,18 +46,19 @@ def attach(settings: Settings) -> None:
 class Watched:
     def __init__(self, settings: Settings) -> None:
         self.settings, self.pid = settings, os.getpid()
-        self.run = Run()
+        self.run = HookedRun()
         tracing = settings.trace_step is not None
-        self.monitor = Monitor(self.run, defer=False if tracing else None)
+        self.sentinel = Sentinel(self.run, defer=False if tracing else None)
+        self.result = RunResult("healthy", self.run.start_step, 0)
+        self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
         self.hooks = StepHooks(
-            self.run, self.monitor, on_step_start=self._step_started, on_step_end=self._step_ended
+            self.run, self.sentinel, on_step_start=self._step_started, on_step_end=self._step_ended
         )
         self.hooks.__enter__()
         self.tracer: Tracer | None = None
+        self.updates: UpdateTracker | None = None
+        self.note: str | None = None  # the replay's, for the report
         self.written = False
-        self._before: list[torch.Tensor] | None = None
-        self._update: Any = None
-        self._started = time.perf_counter()
         atexit.register(self._at_exit)
         protocol.attached_marker(settings.dir, self.pid).touch()
 
@@ -64,26 +67,26 @@ class Watched:
         n = self.settings.trace_step
         if n is None:
             return
-        if n - UPDATE_WINDOW <= ctx.step < n and self.run.model is not None:
-            self._before = [p.detach().clone() for p in _model_params(self.run)]
+        if n - UPDATE_WINDOW <= ctx.step < n:
+            self._update_tracker().before()
         if ctx.step == n:
+            from nandoctor.localize.replay import set_loss_scale
+
             if self.tracer is None:
                 self._arm()  # step 0: the model became known only now
-            scale, scaler = self.settings.loss_scale, self.run.scaler
-            if scale is not None and scaler is not None:
-                amp.set_scale(scaler, scale, self.run.device or torch.device("cpu"))
+            self.note = set_loss_scale(self.run, self.settings.loss_scale)
 
     def _step_ended(self, ctx: StepContext) -> None:
         n = self.settings.trace_step
         if n is not None and ctx.step == n:
             self._write_trace(ctx.step, reached=True)
             self._stop()
-        for verdict in self.monitor.collect():
-            if verdict.failed:
-                self._failed(verdict)
-                return
+        failure = self.recorder.record(self.sentinel.collect())
+        if failure is not None:
+            self._failed(failure)
+            return
         if n is not None and n - UPDATE_WINDOW <= ctx.step < n:
-            self._measure_update(ctx.step)
+            self._update_tracker().after(ctx.step)
         if n is not None and ctx.step == n - 1:
             self._arm()
 
@@ -102,41 +105,35 @@ class Watched:
         )
 
     # -- the tracer on the replayed step ------------------------------------------------------
+    def _update_tracker(self) -> UpdateTracker:
+        from nandoctor.localize.update import UpdateTracker  # NB: only a replay run needs it
+
+        if self.updates is None:
+            self.updates = UpdateTracker(self.run)
+        return self.updates
+
     def _arm(self) -> None:
         from nandoctor.localize.tracer import Tracer  # NB: only a replay run needs it
 
         if self.run.model is None:
             return
-        optimizer = self.run.optimizer or types.SimpleNamespace(state={})
-        self.tracer = Tracer(self.run.model, optimizer)  # type: ignore[arg-type]
+        self.tracer = Tracer(self.run)
         self.tracer.__enter__()
-        self.hooks.probe = _Tracing(self.tracer, self.run)
-
-    def _measure_update(self, step: int) -> None:
-        if self._before is None or self.run.model is None:
-            return
-        from nandoctor.localize.replay import update_ratio
-
-        view = types.SimpleNamespace(model=self.run.model, params=_model_params(self.run))
-        ratio = update_ratio(view, step, self._before)  # type: ignore[arg-type]
-        self._update = ratio if ratio.ratio > 0 else self._update  # a skipped step: no move
-        self._before = None
+        self.hooks.probe = self.tracer
 
     def _write_trace(self, step: int, reached: bool = False, diverged: int | None = None) -> None:
+        from nandoctor.localize.replay import Localization, localization_of
+
         tracer, self.tracer = self.tracer, None
-        finding, modules = None, []
+        started, start = self.recorder.started, self.run.start_step
         if tracer is not None:
             tracer.__exit__(None, None, None)
-            finding, modules = tracer.finding, tracer.modules.stats()
-        if finding is not None:
-            evidence = dataclasses.replace(finding.evidence, update=self._update)
-            finding = dataclasses.replace(finding, evidence=evidence)
+            update = self.updates.latest if self.updates is not None else None
+            located = localization_of(tracer, step, start, update, started, self.note)
+        else:
+            located = Localization(step, None, [], start, time.perf_counter() - started)
         data = {
-            "step": step,
-            "finding": dataclasses.asdict(finding) if finding is not None else None,
-            "modules": [dataclasses.asdict(m) for m in modules],
-            "from_step": self.monitor.result.start_step,
-            "seconds": time.perf_counter() - self._started,
+            "localization": dataclasses.asdict(located),
             "reached": reached,
             "diverged": diverged,
         }
@@ -146,7 +143,7 @@ class Watched:
     def _write_run(self) -> None:
         from nandoctor.diagnose.facts import environment_of, facts_of
 
-        result = self.monitor.result
+        result = self.result
         data = {
             "pid": self.pid,
             "status": result.status,
@@ -165,10 +162,8 @@ class Watched:
     def _at_exit(self) -> None:
         if os.getpid() != self.pid or self.written:
             return
-        for verdict in self.monitor.collect(final=True):
-            if verdict.failed:
-                break
-        if self.monitor.result.steps_run:
+        self.recorder.record(self.sentinel.collect(final=True))
+        if self.result.steps_run:
             self._write_run()
         if self.settings.trace_step is not None:
             self._write_trace(self.settings.trace_step)
@@ -180,21 +175,3 @@ class Watched:
     def _stop(self) -> None:
         self.written = True
         raise SystemExit(1)
-
-
-class _Tracing(Probes):
-    """The tracer, told the optimizer once the run has one (a step-0 replay)."""
-
-    def __init__(self, tracer: Tracer, run: Run) -> None:
-        super().__init__(tracer)
-        self.tracer, self.run = tracer, run
-
-    def phase_started(self, ctx: StepContext, phase: Phase) -> None:
-        if phase is Phase.OPTIMIZER and self.run.optimizer is not None:
-            self.tracer.optimizer = self.run.optimizer
-        super().phase_started(ctx, phase)
-
-
-def _model_params(run: Run) -> list[torch.nn.Parameter]:
-    assert run.model is not None
-    return [p for p in run.model.parameters() if p.requires_grad]

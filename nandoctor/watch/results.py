@@ -4,7 +4,7 @@ a `RunResult` per process that stepped an optimizer, and a `Localization` from a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +12,10 @@ from pydantic import TypeAdapter
 
 from nandoctor.causes.case import RunFacts
 from nandoctor.localize.replay import Localization
-from nandoctor.localize.tracer import Finding
-from nandoctor.report.evidence import ModuleStat
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.types import Environment
-from nandoctor.runtime.fast_run import RunResult
 from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Reading, Verdict
 
 
@@ -41,8 +39,8 @@ def load_runs(folder: str) -> list[ChildRun]:
 
 def _order(run: ChildRun) -> tuple:
     failure = run.result.failure
-    failed = failure is not None and failure.step is not None
-    return (not failed, failure.step if failed else 0, -run.result.steps_run, run.pid)
+    step = failure.step if failure is not None else None
+    return (step is None, step if step is not None else 0, -run.result.steps_run, run.pid)
 
 
 def _run(data: dict[str, Any]) -> ChildRun:
@@ -73,15 +71,14 @@ def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
     if not files:
         return Localization(step, None, note=f"the rerun of the command never got there{tail}")
     data = json.loads(files[0].read_text())
-    modules = TypeAdapter(list[ModuleStat]).validate_python(data["modules"])
-    finding = TypeAdapter(Finding).validate_python(data["finding"]) if data["finding"] else None
-    note = None
+    located = TypeAdapter(Localization).validate_python(data["localization"])
     if data["diverged"] is not None:
         note = (
             f"the rerun went non-finite at step {data['diverged']} instead, so the script is "
             "not deterministic: seed Python, numpy and torch, and fix its data order"
         )
-    elif not data["reached"]:
+        return replace(located, finding=None, note=note)
+    if not data["reached"]:
         note = f"the rerun of the command ended before step {step}{tail}"
-    found = finding if data["reached"] else None
-    return Localization(step, found, modules, data["from_step"], data["seconds"], note)
+        return replace(located, finding=None, note=note)
+    return located

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-from nandoctor.diagnose.reporting import build_report
-from nandoctor.errors import ExitCode, UsageError
-from nandoctor.localize.replay import Localization
+from nandoctor.diagnose.assemble import INTERRUPTED_CODE, Findings, assemble
+from nandoctor.diagnose.explain import causes_of
+from nandoctor.errors import UsageError
+from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
-from nandoctor.runtime.fast_run import RunResult
-from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.record import RunResult
 from nandoctor.watch import results
 from nandoctor.watch.protocol import ENV, Settings
 
@@ -48,26 +48,29 @@ class WatchOptions:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Watched:
+    """What the watch found, and how the command itself ended; the CLI makes the exit
+    code of the two (the command's own, unless a non-finite value was found)."""
+
     report: Report
-    exit_code: int
+    command_code: int  # the command's exit code (128+N for signal N, 130 when interrupted)
 
 
 def watch(
     command: list[str],
     options: WatchOptions = WatchOptions(),
     on_replay: Callable[[int], None] | None = None,
-) -> Outcome:
+) -> Watched:
     with tempfile.TemporaryDirectory(prefix="nandoctor-watch-") as folder:
         code = run_command(command, Settings(folder, keep_going=options.keep_going))
         runs, attached = results.load_runs(folder), results.attached(folder)
     first = runs[0] if runs else None
     failure = first.result.failure if first is not None else None
-    located, notes = None, []
+    located: Localization | None = None
+    notes: list[str] = []
     if first is not None and failure is not None and failure.step is not None:
         located, notes = _maybe_replay(command, first.result, options, on_replay)
-    report = _report(command, first, code, located, notes, attached)
-    return Outcome(report, _exit_code(report, code))
+    return Watched(_report(command, first, code, located, notes, attached), code)
 
 
 def run_command(
@@ -93,7 +96,7 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
         code = proc.wait(timeout)
     except (KeyboardInterrupt, subprocess.TimeoutExpired):  # Ctrl-C, SIGTERM or too long
         _stop(proc)
-        return int(ExitCode.INTERRUPTED)
+        return INTERRUPTED_CODE
     return 128 - code if code < 0 else code
 
 
@@ -129,14 +132,19 @@ def _maybe_replay(
         ]
     if on_replay is not None:
         on_replay(failure.step)
-    collapsed = failure.phase is Phase.BACKWARD and failure.reading.scale is not None
-    scale = failure.reading.scale if collapsed else None
     timeout = max(60.0, 3 * result.seconds + 30)
-    with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
-        settings = Settings(folder, trace_step=failure.step, loss_scale=scale)
-        log = Path(folder) / "replay.log"
-        run_command(command, settings, log=log, timeout=timeout)
-        return results.load_trace(folder, failure.step, _last_line(log)), []
+
+    def replay(step: int, loss_scale: float | None) -> Localization:
+        """The command run again with the tracer armed at `step` (a script cannot be
+        rewound: `diagnose`'s localisation, with a rerun for a rewind)."""
+        with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
+            settings = Settings(folder, trace_step=step, loss_scale=loss_scale)
+            log = Path(folder) / "replay.log"
+            run_command(command, settings, log=log, timeout=timeout)
+            return results.load_trace(folder, step, _last_line(log))
+
+    located, result.failure = localize_failure(failure, result.start_step, replay)
+    return located, []
 
 
 def _last_line(log: Path) -> str:
@@ -156,32 +164,31 @@ def _report(
     notes: list[str],
     attached: bool,
 ) -> Report:
+    """The report of the first process that stepped (the failing one first), decided
+    with the command's own exit code (see `assemble.status_of`)."""
     if first is None:
-        result = RunResult(_status(code, None), 0, 0)
+        result = RunResult("healthy", 0, 0)
         notes = [*notes, _NOT_ATTACHED if not attached else "no optimizer step was seen"]
         env = Environment("unknown", torch.__version__, "unknown", False, 0)
         facts = None
     else:
         result, env, facts = first.result, first.environment, first.facts
-        result.status = _status(code, result)
-    if code != 0 and result.failure is None and code != ExitCode.INTERRUPTED:
+    if code != 0 and result.failure is None and code != INTERRUPTED_CODE:
         notes.append(f"the command exited with code {code}")
-    return build_report("watch", shlex.join(command), env, facts, result, located, notes)
+    findings = Findings(
+        "watch",
+        shlex.join(command),
+        env,
+        result,
+        notes=notes,
+        located=located,
+        causes=causes_of(result, located, facts),
+        command_code=code,
+    )
+    return assemble(findings)
 
 
 _NOT_ATTACHED = (
     "nandoctor was not attached: no process of the command imported torch with nandoctor "
     "importable (is it a Python with nandoctor installed?)"
 )
-
-
-def _status(code: int, result: RunResult | None) -> str:
-    if result is not None and result.failure is not None:
-        return "nonfinite"
-    if code == ExitCode.INTERRUPTED:
-        return "interrupted"
-    return "healthy" if code == 0 else "error"
-
-
-def _exit_code(report: Report, code: int) -> int:
-    return int(ExitCode.NONFINITE) if report.status == "nonfinite" else code

@@ -1,0 +1,92 @@
+"""eps-underflow: an epsilon that is 0 in the training dtype (1e-8 in float16).
+
+In the forward, an `add`/`clamp` of a constant float16 rounds to 0 that still left zeros;
+in the optimizer, an `eps` of 0 or one the float16 parameters cannot hold. The what-if
+raises the optimizer's eps for a failure in the optimizer, and otherwise replays with the
+math patch that raises every epsilon the dtype rounds to 0.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import FLOAT16_ROUNDS_TO_ZERO, Case, op_base
+from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import number_in
+
+ID = "eps-underflow"
+
+INFO = entry(
+    ID,
+    title="an epsilon that is 0 in float16",
+    explanation="""
+    float16's smallest positive value is 2**-24 ~ 6e-8 (a subnormal), so the `1e-8` that
+    guards a denominator in float32 rounds to exactly 0 in float16, and
+    `x / (norm + 1e-8)` is x/0 again. Adam's default `eps=1e-8` meets the same fate when
+    the parameters and optimizer state are float16 (`model.half()`): `exp_avg_sq` also
+    underflows to 0 for gradients below ~5e-3 (0.001 * g**2 < 3e-8), and the update
+    divides by 0.
+    """,
+    fix="""
+    Use an epsilon the dtype can hold (1e-5 or more for float16, e.g.
+    `torch.finfo(torch.float16).eps`) and keep weights and optimizer state in float32 with
+    autocast + GradScaler instead of `model.half()`: the epsilon then guards the denominator
+    instead of vanishing.
+    """,
+    before="""
+    model = Net().cuda().half()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # eps=1e-8 is 0 in float16
+    y = x / (x.norm(dim=-1, keepdim=True) + 1e-8)
+    """,
+    after="""
+    model = Net().cuda()  # float32 weights and Adam state; autocast runs the math in float16
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    y = x / (x.norm(dim=-1, keepdim=True) + 1e-5)
+    """,
+)
+
+
+def eps_underflow(case: Case) -> Hit | None:
+    if case.first.phase == "optimizer":
+        return _optimizer_eps(case)
+    if case.first.dtype != "float16" or case.zeros_in_inputs == 0:
+        return None
+    for p in case.evidence.producers:
+        tiny = [s for s in p.scalars if 0 < abs(number_in(s)) < FLOAT16_ROUNDS_TO_ZERO]
+        if tiny and op_base(p.op) in ("add", "clamp", "clamp_min", "maximum"):
+            return Hit(
+                0.9,
+                [
+                    (
+                        f"{p.op} at {p.source} added {tiny[0].split('=')[-1]}, which is 0 in "
+                        f"float16 (smallest value ~6e-8), so {case.first.op} still met "
+                        f"{case.zeros_in_inputs} exact zero(s)"
+                    )
+                ],
+            )
+    return None
+
+
+def _optimizer_eps(case: Case) -> Hit | None:
+    eps, dtype = case.facts.eps, case.facts.param_dtype
+    if eps is None or case.op not in ("div", "addcdiv", "sqrt", "add"):
+        return None
+    if eps == 0:
+        return Hit(
+            0.9,
+            [
+                (
+                    f"the optimizer {case.facts.optimizer} runs with eps=0: a parameter whose "
+                    f"gradient is exactly 0 gets 0/0 = NaN in {case.first.op}"
+                )
+            ],
+        )
+    if dtype == "float16" and eps < FLOAT16_ROUNDS_TO_ZERO:
+        return Hit(0.9, [f"the optimizer's eps={eps:g} is 0 in the float16 parameters' dtype"])
+    return None
+
+
+FIXES = (
+    Fix(change=Change.OPTIMIZER_EPS, phases=frozenset({"optimizer"})),
+    Fix(patch=True),
+)
+
+CAUSE = CauseUnit(INFO, rule=eps_underflow, fixes=FIXES)

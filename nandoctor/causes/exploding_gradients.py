@@ -1,0 +1,103 @@
+"""exploding-gradients: gradients that grew far beyond their usual size, ahead of the loss.
+
+Read from the telemetry: the gradient norm's growth, which diverged first (the gradients
+or the loss, which tells this cause from learning-rate-too-high), skipped scaler steps and
+whether clipping is on. The what-if replays the run with `unscale_` then
+`clip_grad_norm_(1.0)`.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import OVERFLOWED, num, where
+
+ID = "exploding-gradients"
+
+INFO = entry(
+    ID,
+    title="gradient norm grew until it overflowed",
+    explanation="""
+    Without clipping, one bad batch or a sharp region of the loss multiplies the gradient
+    norm step after step; once a gradient passes 65504 in float16 (3.4e38 in float32) it is
+    inf, and the update writes NaN into the weights. With a GradScaler the gradients are
+    still multiplied by the loss scale (65536 at the start) until `scaler.unscale_(opt)`, so
+    the clipping must come after it to compare the threshold with the true norm.
+    """,
+    fix="""
+    Clip the gradient norm every step, after `scaler.unscale_(opt)` when a GradScaler is
+    used (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`): the clip bounds each
+    update however large one batch's gradient is.
+    """,
+    before="""
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    """,
+    after="""
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)  # gradients back to their true size
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    scaler.step(opt)  # still skips the step if the gradients hold inf or NaN
+    scaler.update()
+    """,
+)
+
+
+def exploding_gradients(case: Case) -> Hit | None:
+    """Gradients that grew far beyond their usual size, ahead of the loss."""
+    t, clip = case.trends, case.facts.clip_grad_norm
+    evidence, confidence = [], 0.0
+    if (t.grad_growth or 0) >= 5:
+        evidence.append(
+            f"the gradient norm grew {t.grad_growth:.3g}x, from {num(t.grad_early)} early on "
+            f"to {num(t.grad_late)} just before the failure"
+        )
+        confidence = _gradients_led(case, evidence)
+    if _gradient_overflow(case):
+        evidence.append(
+            f"the gradients themselves overflowed in backward ({case.first.op}{where(case)})"
+        )
+        confidence = max(confidence, 0.6)
+    if not evidence:
+        return None
+    if t.late_skips >= 3:
+        evidence.append(
+            f"the GradScaler skipped {t.late_skips} steps for overflowing gradients after "
+            "its first calibration"
+        )
+        confidence = max(confidence, 0.45)
+    if clip is None:
+        evidence.append("no gradient clipping is configured")
+    else:
+        confidence *= 0.5
+    return Hit(confidence, evidence)
+
+
+def _gradients_led(case: Case, evidence: list[str]) -> float:
+    """Confidence from which diverged first: the gradients (exploding) or the loss (lr)."""
+    t = case.trends
+    led = t.grad_onset is not None and (t.loss_onset is None or t.grad_onset < t.loss_onset)
+    if led and t.loss_onset is not None:
+        evidence.append(
+            f"the gradients ran away first, from step {t.grad_onset}; the loss only from "
+            f"step {t.loss_onset}"
+        )
+        return 0.85
+    if t.loss_onset is None and (t.loss_late_slope or 0) <= 0 and (t.loss_rise or 1) < 1.3:
+        evidence.append("though the loss kept improving: the gradients grew with the model's scale")
+        return 0.35
+    if led:
+        evidence.append(f"the gradients ran away from step {t.grad_onset}")
+        return 0.6
+    return 0.5
+
+
+def _gradient_overflow(case: Case) -> bool:
+    overflow = case.first.value in OVERFLOWED
+    return case.first.phase == "backward" and overflow and not case.facts.collapsed
+
+
+FIXES = (Fix(change=Change.CLIP_GRAD_NORM),)
+
+CAUSE = CauseUnit(INFO, rule=exploding_gradients, fixes=FIXES)

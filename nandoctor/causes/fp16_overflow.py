@@ -1,0 +1,74 @@
+"""fp16-overflow: a finite computation exceeded float16's range (65504).
+
+The evidence is the float32 recomputation of the op (finite, beyond 65504), inputs or
+modules already near the limit. The what-if replays the run in bfloat16.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import FLOAT16_MAX, Case
+from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import OVERFLOWED, num, where
+
+ID = "fp16-overflow"
+
+INFO = entry(
+    ID,
+    title="a finite value exceeded float16's range (65504)",
+    explanation="""
+    float16 has 5 exponent bits: its largest finite value is 65504, and anything larger
+    becomes inf, which the next op turns into NaN (inf - inf, 0 * inf). Values that are
+    harmless in float32 overflow there: attention logits of 12 fed to exp (e^12 ~ 163000),
+    a sum of 4096 activations of 20, the square of 300. bfloat16 spends the same 16 bits
+    differently: float32's 8 exponent bits, so its range reaches ~3.4e38, paid for with
+    precision: 8 significand bits (2-3 decimal digits) against float16's 11.
+    """,
+    fix="""
+    Train in bfloat16 (`torch.autocast(device, dtype=torch.bfloat16)`, no GradScaler
+    needed): its 8 exponent bits reach ~3.4e38 instead of 65504. Where float16 must stay,
+    keep the overflowing op in float32 and scale values down before it.
+    """,
+    before="""
+    scaler = torch.cuda.amp.GradScaler()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x, y)
+    scaler.scale(loss).backward()
+    """,
+    after="""
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # range ~3.4e38, no loss scaling
+        loss = model(x, y)
+    loss.backward()
+    """,
+)
+
+
+def fp16_overflow(case: Case) -> Hit | None:
+    if case.first.dtype != "float16" or case.first.value not in OVERFLOWED:
+        return None
+    recompute = case.evidence.recompute
+    near = [m for m in case.evidence.modules if (m.activation_absmax or 0) >= 0.5 * FLOAT16_MAX]
+    evidence = []
+    if recompute is not None and recompute.finite and (recompute.absmax or 0) > FLOAT16_MAX:
+        evidence.append(
+            f"{case.first.op}{where(case)} gives |x| up to {num(recompute.absmax)} in float32, "
+            "beyond float16's 65504: it overflowed"
+        )
+    biggest = max((i.absmax for i in case.evidence.inputs), default=0.0)
+    if biggest >= 0.25 * FLOAT16_MAX:
+        evidence.append(
+            f"its inputs already reached |x| = {num(biggest)} ({biggest / FLOAT16_MAX:.0%} "
+            "of float16's range)"
+        )
+    evidence += [
+        f"module {m.module or '(root)'} ({m.type}) reached |x| = {num(m.activation_absmax)}"
+        for m in near[:2]
+    ]
+    if not evidence:
+        return None
+    confidence = 0.9 if len(evidence) > 1 or evidence[0].startswith(case.first.op or "-") else 0.6
+    return Hit(confidence - (0.15 if case.first.phase == "backward" else 0.0), evidence)
+
+
+FIXES = (Fix(change=Change.BFLOAT16),)
+
+CAUSE = CauseUnit(INFO, rule=fp16_overflow, fixes=FIXES)

@@ -1,0 +1,59 @@
+"""log-of-softmax: a log taken of a softmax probability that underflowed to exactly 0.
+
+The rule wants a log that met exact zeros made by a softmax or sigmoid; the what-if replays
+the run with `log(softmax(x))` rewritten to `log_softmax(x)` by the math patch.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Fix, Hit, entry
+from nandoctor.causes.words import LOGS, PROBABILITIES
+
+ID = "log-of-softmax"
+
+INFO = entry(
+    ID,
+    title="log of a softmax that underflowed to 0",
+    explanation="""
+    A softmax probability rounds to exactly 0 once its logit trails the largest one by more
+    than ~17.3 in float16 (exp(-18) ~ 1.5e-8 is below the smallest float16 value, 6e-8) or
+    ~104 in float32. log(0) is -inf; times a zero target it is NaN, and the backward of log
+    divides by that 0. `log_softmax` computes `x - logsumexp(x)` directly, so it never forms
+    the 0: a logit 1000 below the top just gives a log-probability of -1000.
+    """,
+    fix="""
+    Use `F.cross_entropy(logits, target)`, or `F.log_softmax(logits, dim=-1)` where you need
+    the log-probabilities: they compute `x - logsumexp(x)` and never take the log of a
+    probability that underflowed to 0.
+    """,
+    before="""
+    probs = torch.softmax(logits, dim=-1)
+    loss = -(target * torch.log(probs)).sum(-1).mean()
+    """,
+    after="""
+    loss = F.cross_entropy(logits, target)  # class indices or probabilities
+    # or, when you need the log-probabilities themselves:
+    log_probs = F.log_softmax(logits, dim=-1)
+    loss = -(target * log_probs).sum(-1).mean()
+    """,
+)
+
+
+def log_of_softmax(case: Case) -> Hit | None:
+    if case.op not in LOGS or case.zeros_in_inputs == 0:
+        return None
+    producer = case.made_by(PROBABILITIES)
+    if producer is None:
+        return None
+    zeros = case.zeros_in_inputs
+    at = f" at {producer.source}" if producer.source else ""
+    evidence = [f"{case.first.op} received {zeros} exact zero(s) produced by {producer.op}{at}"]
+    if case.first.dtype == "float16":
+        evidence.append("in float16 a probability below ~6e-8 rounds to exactly 0; log(0) = -inf")
+    return Hit(0.93, evidence)
+
+
+FIXES = (Fix(patch=True),)
+
+CAUSE = CauseUnit(INFO, rule=log_of_softmax, fixes=FIXES)

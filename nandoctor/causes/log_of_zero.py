@@ -1,0 +1,53 @@
+"""log-of-zero: a log, reciprocal or rsqrt that met an exact zero no softmax produced.
+
+Nothing to replay: the zero comes from the user's math (a ReLU, a mask, padding), and
+which of the stable rewrites fits is the user's call.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Hit, entry
+from nandoctor.causes.words import LOGS, PROBABILITIES, where
+
+ID = "log-of-zero"
+
+INFO = entry(
+    ID,
+    title="log, reciprocal or division meeting an exact zero",
+    explanation="""
+    log(0) is -inf and 1/0 is inf in every dtype, and the backward of log(x) is 1/x, so even
+    a loss that stays finite can send an inf gradient. The zeros come from ReLU outputs,
+    sigmoid(x) for x below about -17 in float16 (-104 in float32), empty masks and padding.
+    An epsilon helps only if the dtype can hold it: `1e-8` is exactly 0 in float16.
+    """,
+    fix="""
+    Stay in log space with the fused op (`F.binary_cross_entropy_with_logits`,
+    `F.logsigmoid`, `torch.log1p`, `torch.xlogy`) or clamp the argument with
+    `clamp_min(torch.finfo(x.dtype).tiny)`: the log then stays finite and its gradient bounded.
+    """,
+    before="""
+    p = torch.sigmoid(z)
+    loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+    """,
+    after="""
+    loss = F.binary_cross_entropy_with_logits(z, y)
+    """,
+)
+
+
+def log_of_zero(case: Case) -> Hit | None:
+    if case.op not in LOGS | {"reciprocal", "rsqrt"} or case.zeros_in_inputs == 0:
+        return None
+    if case.made_by(PROBABILITIES) is not None or case.first.phase == "backward":
+        return None
+    made = case.producers(1)
+    origin = f" (made by {made[0].op})" if made else ""
+    sentence = (
+        f"{case.first.op}{where(case)} met {case.zeros_in_inputs} exact zero(s){origin}: "
+        f"the result is {case.first.value}"
+    )
+    return Hit(0.85, [sentence])
+
+
+CAUSE = CauseUnit(INFO, rule=log_of_zero)

@@ -1,0 +1,54 @@
+"""nondifferentiable-point: a backward at a point where the derivative is infinite (sqrt or a
+norm at 0, acos at 1), though the forward value there is finite.
+
+Nothing to replay: keeping the argument off the point is a change to the user's code.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Hit, entry
+from nandoctor.causes.words import STEEP_AT_A_POINT, where
+
+ID = "nondifferentiable-point"
+
+INFO = entry(
+    ID,
+    title="a backward at a point of infinite derivative",
+    explanation="""
+    d sqrt(x)/dx = 1/(2 sqrt(x)) is inf at x = 0, and the chain rule multiplies it by the 0
+    gradient of the squares inside: inf * 0 = NaN. So `torch.sqrt(((a - b) ** 2).sum(-1))`
+    has a fine forward value (0) and NaN gradients for identical points. acos and asin have
+    infinite derivatives at +-1, pow(x, p) with p < 1 at 0. `torch.linalg.vector_norm`
+    defines a zero gradient at 0 and is safe.
+    """,
+    fix="""
+    Keep the argument off the singular point (`torch.sqrt(x + 1e-6)`,
+    `torch.acos(c.clamp(-1 + 1e-6, 1 - 1e-6))`) or use `torch.linalg.vector_norm`: the
+    backward then never multiplies an infinite derivative by 0.
+    """,
+    before="""
+    dist = torch.sqrt(((a - b) ** 2).sum(-1))
+    angle = torch.acos(F.cosine_similarity(u, v))
+    """,
+    after="""
+    dist = torch.linalg.vector_norm(a - b, dim=-1)  # gradient 0 at 0, not NaN
+    angle = torch.acos(F.cosine_similarity(u, v).clamp(-1 + 1e-6, 1 - 1e-6))
+    """,
+)
+
+
+def nondifferentiable_point(case: Case) -> Hit | None:
+    if case.first.phase != "backward" or case.backward_of not in STEEP_AT_A_POINT:
+        return None
+    zeros = case.zeros_in_inputs
+    detail = f" (its backward met {zeros} exact zero(s))" if zeros else ""
+    sentence = (
+        f"the backward of {case.evidence.backward_of}{where(case)} made "
+        f"{case.first.value}{detail}: its derivative is infinite where the forward input "
+        "is 0 (or at ±1 for acos/asin), though the forward value is finite"
+    )
+    return Hit(0.9, [sentence])
+
+
+CAUSE = CauseUnit(INFO, rule=nondifferentiable_point)

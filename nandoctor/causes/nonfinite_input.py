@@ -1,0 +1,56 @@
+"""nonfinite-input: the batch itself held NaN or inf before any op ran.
+
+Named by the phase alone. The what-if replays the run with such batches skipped.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
+
+ID = "nonfinite-input"
+
+INFO = entry(
+    ID,
+    title="the batch itself held NaN or inf",
+    explanation="""
+    NaN propagates through every op it touches: one NaN pixel or label makes the loss NaN
+    and, after the backward, the gradient of every weight. The usual sources are in the
+    data pipeline: a per-sample normalisation dividing by a zero standard deviation, a log
+    of 0 in feature engineering, missing values read as NaN from CSV or Parquet, a corrupt
+    image. The model did nothing wrong; the fix belongs in the data.
+    """,
+    fix="""
+    Find and repair the bad samples (check `torch.isfinite(x).all()` per sample in the
+    dataset; `torch.nan_to_num` only as a stopgap): a model cannot learn from NaN, and one
+    NaN sample poisons the gradients of the whole batch.
+    """,
+    before="""
+    def __getitem__(self, i):
+        x = self.features[i]
+        return (x - x.mean()) / x.std(), self.labels[i]
+    """,
+    after="""
+    def __getitem__(self, i):
+        x = self.features[i]
+        x = (x - x.mean()) / x.std().clamp_min(1e-6)  # constant rows have std 0
+        assert torch.isfinite(x).all(), f"sample {i} is not finite"
+        return x, self.labels[i]
+    """,
+)
+
+
+def nonfinite_input(case: Case) -> Hit | None:
+    f = case.first
+    if f.phase != "input":
+        return None
+    sentence = (
+        f"the batch of step {f.step} held {f.count_nonfinite} {f.value} value(s) in "
+        f"{f.tensor} ({f.dtype} {f.shape}) before any op ran"
+    )
+    return Hit(0.99, [sentence])
+
+
+FIXES = (Fix(change=Change.SKIP_NONFINITE_BATCHES),)
+
+CAUSE = CauseUnit(INFO, rule=nonfinite_input, fixes=FIXES)

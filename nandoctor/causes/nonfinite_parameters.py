@@ -1,0 +1,53 @@
+"""nonfinite-parameters: the weights were non-finite before the step began.
+
+Named by the phase alone; a checkpoint the run started from makes it near certain.
+Nothing to replay: the weights are broken before nandoctor's first step.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Hit, entry
+
+ID = "nonfinite-parameters"
+
+INFO = entry(
+    ID,
+    title="parameters were non-finite before the step",
+    explanation="""
+    Weights that are NaN before the forward pass mean the failure happened earlier: a
+    checkpoint saved after a silent corruption, an optimizer step that wrote NaN when
+    nothing checked, an initialisation that divided by zero. Every step from then on is
+    NaN, so the step where it is noticed says nothing about the cause; a NaN weight never
+    recovers by more training.
+    """,
+    fix="""
+    Resume from the last checkpoint whose weights are finite, and check
+    `torch.isfinite(p).all()` for every parameter before saving: a checkpoint is then known
+    good, and the next failure shows up at the step that caused it.
+    """,
+    before="""
+    torch.save(model.state_dict(), "last.pt")
+    """,
+    after="""
+    if all(torch.isfinite(p).all() for p in model.parameters()):
+        torch.save(model.state_dict(), "last.pt")
+    else:
+        raise RuntimeError(f"non-finite weights at step {step}; keeping the previous checkpoint")
+    """,
+)
+
+
+def nonfinite_parameters(case: Case) -> Hit | None:
+    f = case.first
+    if f.phase != "parameters":
+        return None
+    evidence = [
+        f"{f.tensor} held {f.count_nonfinite} {f.value} value(s) before step {f.step} began"
+    ]
+    if case.facts.checkpoint and f.step == case.facts.start_step:
+        evidence.append(f"the weights were loaded from the checkpoint {case.facts.checkpoint}")
+    return Hit(0.99 if len(evidence) > 1 else 0.95, evidence)
+
+
+CAUSE = CauseUnit(INFO, rule=nonfinite_parameters)

@@ -1,0 +1,36 @@
+"""The words the rules share: families of ops as the rules think of them, and the way an
+evidence sentence says where an op ran and quotes a number.
+
+Kept in one place so that two rules describing the same failure use the same phrases.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case
+
+LOGS = frozenset({"log", "log2", "log10"})
+PROBABILITIES = frozenset({"softmax", "sigmoid"})
+SOFTMAXES = frozenset({"softmax", "log_softmax"})
+ROOTS = frozenset({"sqrt", "rsqrt"})
+STEEP_AT_A_POINT = frozenset(
+    {"sqrt", "rsqrt", "pow", "norm", "linalg_vector_norm", "acos", "asin", "cdist", "dist", "std"}
+)  # ops whose derivative is infinite at a point where the op itself is finite
+OVERFLOWED = ("inf", "-inf", "mixed")  # values of a first non-finite that overflowed
+
+
+def where(case: Case) -> str:
+    """The module and source line of the first bad op: ' in block.fc at model.py:12'."""
+    where = f" in {case.first.module or '(root)'}" if case.first.module is not None else ""
+    return where + (f" at {case.first.source}" if case.first.source else "")
+
+
+def num(x: float | None) -> str:
+    return "?" if x is None else f"{x:.3g}"
+
+
+def number_in(scalar: str) -> float:
+    """The number of a scalar argument as the tracer wrote it: "other=1e-08" -> 1e-08."""
+    try:
+        return float(scalar.split("=", 1)[-1])
+    except ValueError:
+        return 0.0

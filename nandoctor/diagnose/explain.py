@@ -1,0 +1,35 @@
+"""The rules' view of a failure (`Case`), built from what the engines returned, and the
+causes the rules rank from it: the same for `diagnose`, `Guard` and `watch`.
+
+The case is made of the sentinel's verdict and the replay's finding (through the same
+converters as the report, so both say the same), never read back from a report.
+"""
+
+from __future__ import annotations
+
+from nandoctor.causes.case import Case, RunFacts
+from nandoctor.causes.ranking import rank
+from nandoctor.diagnose.assemble import evidence_of, first_nonfinite
+from nandoctor.localize.replay import Localization
+from nandoctor.report.evidence import Evidence
+from nandoctor.report.trends import trends_of
+from nandoctor.report.types import Cause
+from nandoctor.runtime.record import RunResult
+
+
+def case_of(result: RunResult, located: Localization | None, facts: RunFacts) -> Case | None:
+    """What the rules read: where the failure was seen, its evidence, the telemetry's
+    trends and the run's settings; None when the run did not fail."""
+    first = first_nonfinite(result, located)
+    if first is None:
+        return None
+    evidence = evidence_of(located) or Evidence()
+    return Case(first, evidence, trends_of(result.telemetry, result.events), facts)
+
+
+def causes_of(
+    result: RunResult, located: Localization | None, facts: RunFacts | None
+) -> list[Cause]:
+    """The ranked causes of a failure, unverified (none without a failure or settings)."""
+    case = case_of(result, located, facts) if facts is not None else None
+    return rank(case) if case is not None else []

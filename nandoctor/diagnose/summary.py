@@ -1,0 +1,92 @@
+"""The report's sentences for people, written here once for every driver and renderer: the
+one-line summary and the notes about how the run and its replay went.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nandoctor.localize.replay import Localization
+from nandoctor.localize.tracer import Finding
+from nandoctor.runtime.record import RunResult
+from nandoctor.runtime.sentinel import Verdict
+from nandoctor.setup.devices import CPU_AUTOCAST_NOTE
+from nandoctor.setup.session import Session
+
+REPLAY_INTERRUPTED = "interrupted during the instrumented replay: where and why are unknown"
+VERIFY_INTERRUPTED = "interrupted while verifying fixes; the causes are not verified"
+NOT_VERIFIED_ON_RANKS = (
+    "fixes are not replayed in a distributed run; rerun on one process to verify"
+)
+
+
+def summarize(status: str, result: RunResult, located: Localization | None = None) -> str:
+    """One sentence: what happened. `status` is the report's (an interrupt may have ended
+    the run); the sentence of a failure names the replay's phase, the precise one."""
+    if result.status == "interrupted" or (status == "interrupted" and result.failure is None):
+        return f"interrupted after {result.steps_run} steps; no non-finite value seen before"
+    if result.status == "timeout":
+        return f"the time budget stopped the run after {result.steps_run} steps, all finite"
+    if result.failure is None:
+        return f"all {result.steps_run} steps stayed finite"
+    f = result.failure
+    found = located.finding if located is not None else None
+    phase = found.phase if found is not None else f.phase
+    head = f"step {f.step}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
+    if found is None:
+        return f"{head}: {f.why}"
+    if found.op is None:
+        return f"{head}: {found.tensor} held {found.count} {found.value} value(s)"
+    sentence = _origin_sentence(found)
+    return f"{head}: {f.why}; {sentence}" if f.collapsed else f"{head}: {sentence}"
+
+
+def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
+    """What the reader should know about how `diagnose` ran the session."""
+    notes = []
+    if session.config.device == "auto" and session.device.type == "cpu":
+        notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
+    if session.device.type == "cpu" and session.dtype != torch.float32:
+        notes.append(CPU_AUTOCAST_NOTE)
+    if result.status == "timeout":
+        notes.append(
+            f"time budget: stopped after {result.steps_run} of {steps} steps; "
+            "the steps run are judged, the rest are not"
+        )
+    return notes
+
+
+def replay_notes(located: Localization | None) -> list[str]:
+    """What the replay of the bad step has to say about itself, if anything."""
+    if located is None:
+        return []
+    if located.reproduced:
+        return [located.note] if located.note else []
+    seen = " reach the loss, a gradient or a weight" if located.transients else ""
+    return [
+        f"the instrumented replay of step {located.step} saw no non-finite value{seen}: "
+        "the failure is nondeterministic or transient"
+        + (f" ({located.note})" if located.note else "")
+    ]
+
+
+def _origin_sentence(found: Finding) -> str:
+    parts = [str(found.op)]
+    if found.evidence.backward_of:
+        parts.append(f"in the backward of {found.evidence.backward_of}")
+    if found.module is not None:
+        parts.append(f"in {found.module or '(root)'}")
+    if found.source:
+        parts.append(f"at {found.source}")
+    what = f"{found.value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
+    return " ".join(parts) + f" produced {what}"
+
+
+def _ranks_clause(failure: Verdict) -> str:
+    origin, inherited = failure.reading.origin_ranks, failure.reading.inherited_ranks
+    if not origin:
+        return ""
+    clause = f", born on rank {', '.join(map(str, origin))}"
+    if inherited:
+        clause += f" (rank {', '.join(map(str, inherited))} inherited it through the all-reduce)"
+    return clause

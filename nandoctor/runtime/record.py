@@ -1,0 +1,96 @@
+"""What a watched run saw, as plain data (`RunResult`), and the one place that writes the
+sentinel's verdicts into it (`Recorder`), whoever drives the steps: the fast run of
+`diagnose`, a `Guard`, a watched process.
+
+Recording a verdict means: its telemetry, a GradScaler skip as an event, the first
+failure, and, when the run keeps snapshots, the snapshot of a streak of skips pinned
+at the streak's start (a collapse is replayed from there) and let go when it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from nandoctor.report.telemetry import Event, Telemetry
+from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.snapshot import SnapshotStore
+
+StepCallback = Callable[[Verdict], None]
+
+
+@dataclass
+class RunResult:
+    status: str  # healthy | nonfinite | interrupted | timeout
+    start_step: int
+    steps_run: int  # steps whose verdict arrived (the bad one included)
+    failure: Verdict | None = None
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    events: list[Event] = field(default_factory=list)
+    seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # wall time between verdicts
+
+    @property
+    def steps_completed(self) -> int:
+        """Clean optimizer steps before the first bad one (SPEC's `steps_completed`)."""
+        if self.failure is not None and self.failure.step is not None:
+            return self.failure.step - self.start_step
+        return self.steps_run
+
+
+class Recorder:
+    """Writes verdicts into `result` as they arrive; its clock starts when it is made.
+
+    `store`: the run's snapshots (may be set later: a `Guard` makes its store at the first
+    `guard.step`); `on_step`: told each verdict once it is recorded (progress display).
+    """
+
+    def __init__(
+        self,
+        result: RunResult,
+        *,
+        store: SnapshotStore | None = None,
+        on_step: StepCallback | None = None,
+    ) -> None:
+        self.result, self.store, self.on_step = result, store, on_step
+        self.started = self._last = time.perf_counter()
+
+    def record(self, verdicts: Iterable[Verdict]) -> Verdict | None:
+        """Record each verdict in turn; at the first failure, stop and return it (the
+        verdicts after it are left unread: the run ends there)."""
+        for verdict in verdicts:
+            self._one(verdict)
+            if verdict.failed:
+                return verdict
+        return None
+
+    def stop(self) -> None:
+        """The run is over: its time is the time since the recorder was made."""
+        self.result.seconds = time.perf_counter() - self.started
+
+    def _one(self, v: Verdict) -> None:
+        r, result = v.reading, self.result
+        now = time.perf_counter()
+        result.step_seconds.append(now - self._last)
+        result.seconds, self._last = now - self.started, now
+        result.steps_run += 1
+        result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
+        if v.skipped:
+            result.events.append(Event(r.step, "scaler-skip", r.scale))
+        if self.store is not None:
+            _keep_streak_start(self.store, v)
+        if self.on_step is not None:
+            self.on_step(v)
+        if v.failed and result.failure is None:
+            result.status, result.failure = "nonfinite", v
+
+
+def _keep_streak_start(store: SnapshotStore, v: Verdict) -> None:
+    if v.skipped and v.streak_start == v.reading.step:
+        store.pin(v.reading.step)
+    elif not v.skipped and not v.failed:
+        store.unpin()
+
+
+__all__ = ["Recorder", "RunResult", "StepCallback"]
