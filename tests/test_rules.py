@@ -71,7 +71,7 @@ def test_log_of_a_softmax_zero():
     )
     assert ids(c)[0] == "log-of-softmax"
     assert (
-        "received 12 exact zero(s) produced by aten._softmax.default at m.py:2"
+        "received 12 exact zeros produced by aten._softmax.default at m.py:2"
         in rank(c)[0].evidence[0]
     )
 

@@ -14,9 +14,11 @@ Same facts as the JSON and the terminal; nothing is computed here.
 from __future__ import annotations
 
 from nandoctor.causes import catalog
+from nandoctor.causes.words import plural
 from nandoctor.render.origin import library_frames, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
+from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Cause, Report
 
 ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
@@ -82,9 +84,11 @@ def _title(report: Report) -> str:
 def _environment(report: Report) -> list[str]:
     env = report.environment
     scaler = "GradScaler" if env.grad_scaler else "no GradScaler"
+    skips = skips_text(report.events)
     return [
         f"`{report.config}` on {env.device}, {env.dtype}, {scaler}, torch {env.torch}, "
-        f"{env.threads} threads; {report.steps_completed} clean steps.",
+        f"{env.threads} threads; {plural(report.steps_completed, 'clean step')}"
+        + (f"; {skips}." if skips else "."),
         "",
     ]
 
