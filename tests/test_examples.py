@@ -22,6 +22,7 @@ import torch
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.examples import make_checkpoints
 from nandoctor.report.types import Report
+from nandoctor.runtime.sentinel import MAX_SKIP_STREAK
 from nandoctor.setup.load import LoadedConfig, load_config
 from nandoctor.setup.schema import FactorySpec
 from tests.conftest import CONFIGS
@@ -124,7 +125,8 @@ def backward_of_sqrt(report: Report) -> None:
 
 def scale_collapsed_with_finite_loss(report: Report) -> None:
     skips = [e for e in report.events if e.kind == "scaler-skip"]
-    assert len(skips) >= 16  # 65536 halved down to 1
+    assert len(skips) == MAX_SKIP_STREAK - 1  # the streak's last skip is the collapse
+    assert {e.reason for e in skips} == {"overflow"}  # each finite at loss scale 1
     assert all(finite(loss) for loss in report.telemetry.loss)
 
 

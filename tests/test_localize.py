@@ -13,8 +13,8 @@ import torch
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.localize import ops
 from nandoctor.localize.replay import localize
-from nandoctor.localize.steps import SessionSteps
 from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.load import load_config

@@ -78,6 +78,19 @@ def test_gpt2_with_sdpa_and_dropout_sqrt_at_zero_in_the_backward(tmp_path):
     assert report.causes[0].id == "nondifferentiable-point"
 
 
+def test_gpt2_in_float16_the_nan_the_grad_scaler_skips_is_the_failure_at_its_step(tmp_path):
+    """The GradScaler skips step 0 (NaN gradients) as it would an overflow; rerun at loss
+    scale 1 its gradients are still NaN: the failure, at that step, traced unscaled."""
+    report = same_every_time(reports(config(tmp_path, "gpt2", "float16")))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "backward", None)
+    assert (first.op, first.tensor) == ("aten.div.Tensor", "grad_input")
+    assert report.evidence.backward_of == "torch.sqrt (SqrtBackward0)"
+    assert user_line(report) == (HELPER.name, line_of("gpt2-sqrt"))
+    assert report.events == [] and "the scaler hid a real failure" in report.summary
+    assert any("replayed at loss scale 1" in note for note in report.notes)
+
+
 def test_t5_takes_log_of_zero_every_step_and_it_is_never_the_origin(tmp_path):
     report = same_every_time(reports(config(tmp_path, "t5", "float32")))
     first = report.first_nonfinite

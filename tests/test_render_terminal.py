@@ -52,7 +52,10 @@ def failing_report(tmp_path) -> Report:
             f"{tmp_path / 'train.py'}:4",
             True,
         ),
-        events=[Event(1, "scaler-skip", 65536.0)],
+        events=[
+            Event(1, "scaler-skip", 65536.0, reason="overflow"),
+            Event(2, "scaler-skip", 32768.0),
+        ],
         telemetry=telemetry,
         evidence=Evidence(
             inputs=[stats],
@@ -80,7 +83,7 @@ def test_failure_panel_shows_where_and_why(tmp_path):
     assert "❱ 4     return -(y * torch.log(p)).sum()" in text  # the line, highlighted
     assert "← self came from aten._softmax.default at train.py:3 (loss)" in text
     assert "the math itself, not the precision" in text
-    assert "1 GradScaler skip(s)" in text and "note: a note" in text
+    assert "GradScaler skips: 1 overflow, 1 unchecked" in text and "note: a note" in text
     assert "×" in text  # the NaN loss on the curve
 
 

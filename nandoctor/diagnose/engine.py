@@ -30,13 +30,13 @@ from nandoctor.errors import UsageError
 from nandoctor.gate.baseline import Baseline
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
-from nandoctor.localize.steps import SessionSteps
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
 from nandoctor.report.types import Report
 from nandoctor.runtime.fast_run import StepCallback, fast_run
 from nandoctor.runtime.headroom import HeadroomProbe
 from nandoctor.runtime.probe import Probes
+from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.setup.load import LoadedConfig

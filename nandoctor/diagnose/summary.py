@@ -43,7 +43,8 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     if found.op is None:
         return f"{head}: {found.tensor} held {values(found.count, found.value)}"
     sentence = _origin_sentence(found)
-    return f"{head}: {f.why}; {sentence}" if f.collapsed else f"{head}: {sentence}"
+    scaler = f.collapsed or f.hidden  # the verdict's words say what the scaler did
+    return f"{head}: {f.why}; {sentence}" if scaler else f"{head}: {sentence}"
 
 
 def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:

@@ -37,7 +37,7 @@ from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects
-from nandoctor.runtime.tensors import nonfinite
+from nandoctor.runtime.tensors import named_tensors, nonfinite
 
 __all__ = ["Finding", "Tracer"]
 
@@ -121,9 +121,10 @@ class Tracer(Probe):
         self.ctx = None
 
     def _input_checked(self, ctx: StepContext) -> None:
-        for path, t in _leaves(ctx.batch, ""):
+        for path, t in named_tensors(ctx.batch):
             if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
-                self.origin = finding_of(Phase.INPUT, None, None, f"input:{path}", t, None)
+                tensor = f"input:{path or 'batch'}"
+                self.origin = finding_of(Phase.INPUT, None, None, tensor, t, None)
                 return
 
     def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
@@ -264,15 +265,3 @@ def _owner(role: str) -> str:
 def _node_name() -> str:
     node = torch._C._current_autograd_node()
     return node.name() if node is not None else "?"
-
-
-def _leaves(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors of a batch with their paths: `0`, `x`, `0.input_ids`."""
-    if isinstance(obj, torch.Tensor):
-        yield path or "batch", obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _leaves(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, f"{path}.{i}" if path else str(i))
