@@ -34,6 +34,7 @@ def test_markdown_carries_the_json_facts(tmp_path):
     assert "1. **log-of-softmax** (93%)" in text and "**✔ verified**: 76/76 steps" in text
     assert "```python" in text  # the before/after snippet of the top cause
     assert data["summary"] in text and "- a note" in text
+    assert "; GradScaler skips: 1 overflow, 1 unchecked." in text  # counted from the events
 
 
 def test_healthy_markdown(tmp_path):

@@ -93,9 +93,10 @@ class ScaleOneRecheck:
 @dataclass
 class _Gradients:
     """The parameters' gradients, kept by identity and by value: the rerun replaces them
-    (zero_grad) or writes into them, and a loop that zeroes its gradients after the
-    update, not before, must find them as it left them; some code holds on to the
-    tensors themselves (DDP's gradient buckets)."""
+    (zero_grad) or writes into them in place, and the user's loop must find them as it
+    left them; some code holds on to the tensors themselves (DDP's gradient buckets).
+    The values wait in host memory: a second copy of every gradient may not fit on the
+    device."""
 
     kept: list[tuple[torch.nn.Parameter, torch.Tensor | None, torch.Tensor | None]]
 
@@ -104,7 +105,7 @@ class _Gradients:
         kept = []
         for p in objects.params:
             g = p.grad
-            kept.append((p, g, g.detach().clone() if g is not None else None))
+            kept.append((p, g, g.detach().to("cpu", copy=True) if g is not None else None))
         return cls(kept)
 
     def restore(self) -> None:
