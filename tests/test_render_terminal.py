@@ -103,7 +103,7 @@ def test_quiet_output_is_a_few_plain_lines(tmp_path):
     assert quiet_lines(failing_report(tmp_path)) == [
         "nandoctor diagnose run.yaml: NONFINITE",
         "  step 3, phase loss: aten.log.default produced -inf",
-        "  cpu float16 grad_scaler=True threads=2",
+        "  cpu float16 grad_scaler=True (GradScaler skips: 1 overflow, 1 unchecked) threads=2",
     ]
     assert "\x1b[" not in render(failing_report(tmp_path), quiet=True)  # no colour codes
 

@@ -132,7 +132,11 @@ def quiet_lines(report: Report) -> list[str]:
         lines += [
             f"  {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.message}" for c in report.gate.checks
         ]
-    lines.append(f"  {env.device} {env.dtype} grad_scaler={env.grad_scaler} threads={env.threads}")
+    scaler = f"grad_scaler={env.grad_scaler}"
+    skips = skips_text(report.events)
+    if skips is not None:  # NB: a healthy fp16 run's skips say whether they were rechecked
+        scaler += f" ({skips})"
+    lines.append(f"  {env.device} {env.dtype} {scaler} threads={env.threads}")
     return lines
 
 
