@@ -10,9 +10,12 @@ is 10x smaller too).
 
 from __future__ import annotations
 
+import math
+
 from nandoctor.causes.case import Case, LrJump
 from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
 from nandoctor.causes.words import num, plural
+from nandoctor.report.evidence import UpdateRatio
 
 ID = "learning-rate-too-high"
 
@@ -60,11 +63,7 @@ def learning_rate_too_high(case: Case) -> Hit | None:
         confidence = max(confidence, 0.8)
     update = case.evidence.update
     if update is not None and update.ratio >= 0.03:
-        evidence.append(
-            f"step {update.step}, the last update before the failure, moved the weights by "
-            f"{update.ratio:.1%} of their norm ({update.largest:.1%} for "
-            f"{update.largest_param}); about 0.1% is typical"
-        )
+        evidence.append(_update(update))
         confidence = (
             min(0.95, confidence + 0.1) if confidence else (0.5 if update.ratio >= 0.1 else 0.35)
         )
@@ -95,6 +94,16 @@ def _loss_rise(case: Case, evidence: list[str]) -> float:
         )
         return 0.5
     return 0.0
+
+
+def _update(update: UpdateRatio) -> str:
+    last = f"step {update.step}, the last update before the failure,"
+    if not math.isfinite(update.ratio):
+        return f"{last} overflowed the weights ({update.largest_param} among them)"
+    return (
+        f"{last} moved the weights by {update.ratio:.1%} of their norm ({update.largest:.1%} "
+        f"for {update.largest_param}); about 0.1% is typical"
+    )
 
 
 def _recent_jump(case: Case) -> LrJump | None:

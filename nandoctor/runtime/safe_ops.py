@@ -48,8 +48,9 @@ _TABLE: dict[str, tuple[str, Kind]] = {
     **dict.fromkeys(("__rtruediv__", "reciprocal"), ("div", Kind.SELF_AWAY)),
     **{name: (name, Kind.FLOOR) for name in ("log", "log2", "log10", "sqrt", "rsqrt")},
     "log1p": ("log1p", Kind.ABOVE_MINUS_ONE),
-    **{name: (name.removeprefix("arc"), Kind.UNIT) for name in ("acos", "arccos", "asin")},
-    **{name: (name.removeprefix("arc"), Kind.UNIT) for name in ("arcsin", "atanh", "arctanh")},
+    **dict.fromkeys(("acos", "arccos"), ("acos", Kind.UNIT)),
+    **dict.fromkeys(("asin", "arcsin"), ("asin", Kind.UNIT)),
+    **dict.fromkeys(("atanh", "arctanh"), ("atanh", Kind.UNIT)),
     **dict.fromkeys(("pow", "__pow__", "__ipow__", "float_power"), ("pow", Kind.POW)),
     "__rpow__": ("pow", Kind.FLOAT32),
     **dict.fromkeys(
