@@ -30,15 +30,17 @@ INFO = entry(
     tens or hundreds of steps before it.
     """,
     fix="""
-    Lower the learning rate (10x smaller is a good first test) or warm it up over the first
-    steps: smaller updates keep the update-to-weight ratio near 1e-3, where training
-    converges instead of diverging.
+    Lower the learning rate in effect when it diverged (10x smaller is a good first test;
+    with a scheduler, the rate it had reached, not the config's) or warm it up over the
+    first steps: smaller updates keep the update-to-weight ratio near 1e-3, where training
+    converges instead of diverging. A report quotes the rate in effect and the 10x smaller
+    one.
     """,
     before="""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr)  # the rate that diverged
     """,
     after="""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr / 10)
     warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=1000)
     """,
 )
