@@ -238,3 +238,26 @@ def test_a_root_floors_its_base_and_a_negative_power_keeps_it_off_zero():
         -torch.finfo(torch.float32).eps,
         2.0,
     ]
+
+
+LIBRARY_PY = """
+def normalise(x, y):
+    return x / y
+"""
+
+
+def test_an_op_inside_a_library_is_guarded_at_the_librarys_line_only(tmp_path, user):
+    """The user's `model(x)` line runs every op of the model: the guard keys on the
+    library line the report shows, so the user's own division stays as written."""
+    package = tmp_path / "site-packages" / "fakelib"
+    package.mkdir(parents=True)
+    (package / "ops.py").write_text(LIBRARY_PY)
+    spec = importlib.util.spec_from_file_location("fakelib_ops", package / "ops.py")
+    library = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(library)
+    x, y = torch.zeros(3), torch.zeros(3)
+    site = OpSite("div", "fakelib/ops.py", 3, library=True)
+    with OriginGuardPatch(site) as patch:
+        inside = library.normalise(x, y)
+        mine, _ = user.normalise(x, y)
+    assert torch.equal(inside, torch.zeros(3)) and mine.isnan().all() and patch.hits == 1

@@ -25,7 +25,7 @@ from nandoctor.diagnose.verify import (
 )
 from nandoctor.registry import DuplicateError
 from nandoctor.report.evidence import Evidence
-from nandoctor.report.types import Cause
+from nandoctor.report.types import Cause, Frame
 from nandoctor.runtime.patches import PATCHES, EpsilonPatch, OriginGuardPatch
 from nandoctor.setup.load import load_config
 from tests.conftest import CONFIGS
@@ -140,6 +140,20 @@ def test_the_origin_site_is_the_op_and_the_users_line():
     assert origin_site(backward).family == "sqrt" and origin_site(backward).overflowed
     unnamed = case(None, "input")
     assert origin_site(unnamed) is None
+
+
+def test_an_op_in_a_library_is_keyed_on_the_librarys_line_past_torchs_own():
+    frames = [
+        Frame("torch/nn/functional.py", 3555, False),
+        Frame("transformers/models/bert/modeling_bert.py", 973, False),
+        Frame("train.py", 41, True),
+    ]
+    c = case("aten.div.Tensor")
+    c = replace(c, first=replace(c.first, frames=frames, source="train.py:41"))
+    site = origin_site(c)
+    assert (site.file, site.line, site.library) == (frames[1].file, 973, True)
+    c = replace(c, first=replace(c.first, frames=[frames[0], frames[2]]))
+    assert (origin_site(c).line, origin_site(c).library) == (41, False)  # torch's: the user's
 
 
 def test_a_guard_plan_names_the_op_and_the_line():

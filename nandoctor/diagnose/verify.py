@@ -166,19 +166,30 @@ def zero_nonfinite(session: Session) -> None:
 
 def origin_site(case: Case) -> OpSite | None:
     """Where the origin op ran, as the guard needs it: its family (the forward function's,
-    for a failure in a backward), the user's file and line; None when the replay did not
-    name an op and a user line."""
+    for a failure in a backward), and its line: that of the library file it ran in when
+    the report shows one past torch's own (a transformers modeling file), else the
+    user's; None when the replay named no op or no user line."""
     first = case.first
-    source = first.source
-    if first.op is None or not source or ":" not in source:
-        return None
-    path, _, line = source.rpartition(":")
-    if not line.isdigit():
+    if first.op is None or not first.source or not _line_of(first.source):
         return None
     backward_of = case.evidence.backward_of
     name = backward_of.split(" ")[0] if first.phase == "backward" and backward_of else first.op
-    overflowed = first.value in OVERFLOWED
-    return OpSite(family(name)[0], os.path.realpath(path), int(line), overflowed)
+    fam, overflowed = family(name)[0], first.value in OVERFLOWED
+    library = next((f for f in first.frames if not f.user and not _torchs(f.file)), None)
+    if library is not None:
+        return OpSite(fam, library.file, library.line, overflowed, library=True)
+    path, line = first.source.rpartition(":")[0], _line_of(first.source)
+    return OpSite(fam, os.path.realpath(path), line, overflowed)
+
+
+def _torchs(shown: str) -> bool:
+    """A frame of torch's own (`F.softmax`'s body): every softmax passes through it."""
+    return shown.split("/", 1)[0] == "torch"
+
+
+def _line_of(source: str) -> int:
+    line = source.rpartition(":")[2]
+    return int(line) if line.isdigit() else 0
 
 
 def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | None:

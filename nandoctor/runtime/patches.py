@@ -156,14 +156,19 @@ class EpsilonPatch(MathPatch):
 
 @dataclass(frozen=True)
 class OpSite:
-    """The op to guard and where the user's code issued it: `family` as safe_ops names it
-    ("div", "sqrt", "matmul"), `file` (absolute) and `line` of the innermost user frame,
-    and whether the op overflowed (then running it in float32 is a guard)."""
+    """The op to guard and where it was issued: `family` as safe_ops names it ("div",
+    "sqrt", "matmul"), and `file` and `line`: the innermost frame of the user's code
+    (`file` absolute), or, for an op inside a library (`library`: a transformers modeling
+    file), that library's line (`file` then as the report shows it, from the package:
+    "transformers/models/gpt2/modeling_gpt2.py"), so that only that op is guarded and not
+    every op of its family the user's `model(...)` line runs. `overflowed`: running it in
+    float32 is then a guard."""
 
     family: str
     file: str
     line: int
     overflowed: bool = False
+    library: bool = False
 
 
 class OriginGuardPatch(MathPatch):
@@ -219,6 +224,8 @@ class OriginGuardPatch(MathPatch):
         return safe_ops.in_float32(functools.partial(apply, cls), args, kwargs)
 
     def _at_site(self) -> bool:
+        if self.site.library:
+            return _through(sys._getframe(1), self.site.file, self.site.line)
         here = _user_line(sys._getframe(1))
         return here is not None and here == (self.site.file, self.site.line)
 
@@ -247,6 +254,26 @@ def _user_line(frame: FrameType | None) -> tuple[str, int] | None:
             return None
         frame = frame.f_back
     return None
+
+
+def _through(frame: FrameType | None, shown: str, line: int) -> bool:
+    """Was the call made from library file `shown` (as the report shows it) at `line`,
+    on its way from the user's code?"""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if frame.f_lineno == line and _shown_as(filename, shown):
+            return True
+        if is_user_file(filename):
+            return False
+        if is_nandoctor_file(filename) and _absolute(filename) not in _OWN_FILES:
+            return False
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _shown_as(filename: str, shown: str) -> bool:
+    return ("/" + _absolute(filename).replace(os.sep, "/")).endswith("/" + shown)
 
 
 @functools.lru_cache(maxsize=4096)
