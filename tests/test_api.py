@@ -19,6 +19,7 @@ from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.terminal import render_report
 from nandoctor.report.types import Report
+from nandoctor.runtime.sentinel import MAX_SKIP_STREAK
 from tests.scripts import seed_fp16_nan as seed
 from tests.scripts.expected import seed_diagnosis
 
@@ -115,7 +116,9 @@ def test_guard_step_localises_the_seed_loop_as_diagnose_does():
     assert (first.op, first.tensor, first.value) == ("aten.log.default", "output", "-inf")
     assert first.source.endswith(f"test_api.py:{seed_loop_loss_line()}")
     assert [c.id for c in report.causes] == [c["id"] for c in expected["causes"]]
-    assert [e.step for e in report.events] == [e["step"] for e in expected["events"]]
+    assert [(e.step, e.reason) for e in report.events] == [
+        (e["step"], e["reason"]) for e in expected["events"]
+    ]  # the skips rerun at loss scale 1 through the kept steps, as diagnose does
     assert report.evidence.update == expected_update(expected)
     assert all(c.verified is None for c in report.causes)  # nandoctor cannot rerun your loop
 
@@ -211,24 +214,125 @@ def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     assert guard.result.steps_run == len(batches)
 
 
-def test_scaler_skips_are_events_not_failures():
-    model, optimizer, batches, _ = tiny_loop(steps=12)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)  # overflows a few times first
+def fp16_loop(steps: int = 12, init_scale: float = 2.0**24, sqrt_at_zero: bool = False):
+    """tiny_loop under float16 autocast with a GradScaler (which overflows a few times
+    first at 2**24); `sqrt_at_zero` adds a term whose gradient is NaN at any scale."""
+    model, optimizer, batches, _ = tiny_loop(steps=steps)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
 
     def train_step(batch):
         x, y = batch
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=False)  # in place: the recheck must put them back
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = F.cross_entropy(model(x), y)
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+        if sqrt_at_zero:
+            loss = loss + torch.sqrt(((out - out.detach()).float() ** 2).sum())  # sqrt'(0)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
 
+    return model, optimizer, scaler, batches, train_step
+
+
+def test_scaler_skips_are_overflow_events_and_their_recheck_leaves_no_trace():
+    model, optimizer, scaler, batches, train_step = fp16_loop()
     with Guard(model, optimizer, scaler) as guard:
         guarded(guard, train_step, batches)
     skips = [e for e in guard.result.events if e.kind == "scaler-skip"]
     assert guard.report is None and len(skips) >= 2
     assert [e.scale for e in skips] == [2.0**24 / 2**i for i in range(len(skips))]
+    assert {e.reason for e in skips} == {"overflow"}  # each rerun at loss scale 1: finite
+    for steps in (len(skips), len(batches)):  # ending on a skip, and on a clean step
+        model, optimizer, scaler, batches, train_step = fp16_loop(steps)
+        guarded(Guard(model, optimizer, scaler), train_step, batches)
+        plain_model, *_, plain_step = fp16_loop(steps)
+        for batch in batches:
+            plain_step(batch)
+        for p, q in zip(model.parameters(), plain_model.parameters(), strict=True):
+            assert torch.equal(p, q)
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, equal_nan=True)
+
+
+def test_guard_step_reruns_a_skip_unscaled_and_catches_the_nan_the_scaler_hid():
+    model, optimizer, scaler, batches, train_step = fp16_loop(sqrt_at_zero=True)
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(Guard(model, optimizer, scaler), train_step, batches)
+    report = caught.value.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.reproduced) == (0, "backward", True)
+    assert report.evidence.backward_of.startswith("torch.sqrt")
+    assert report.events == [] and "loss scale 1" in " ".join(report.notes)
+
+
+def test_the_with_form_cannot_rerun_a_skip_so_only_a_collapse_fails():
+    model, optimizer, scaler, batches, train_step = fp16_loop(
+        steps=MAX_SKIP_STREAK + 2, init_scale=2.0**16, sqrt_at_zero=True
+    )
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer, scaler):
+        for batch in batches:
+            train_step(batch)
+    report = caught.value.report
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (0, "backward")
+    assert [e.reason for e in report.events] == ["unchecked"] * (MAX_SKIP_STREAK - 1)
+    assert f"skipped {MAX_SKIP_STREAK} steps in a row" in report.summary
+
+
+class Regressor(nn.Module):
+    """A model called with keywords, `model(**batch)`, that computes its own loss and
+    returns it beside its predictions, as transformers' models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(8, 1)
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> dict:
+        pred = self.net(features).squeeze(-1)
+        return {"loss": F.mse_loss(pred, labels), "logits": pred}
+
+
+def keyword_loop(nan_at: int, steps: int = 6):
+    torch.manual_seed(0)
+    model = Regressor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    batches = [
+        {"features": torch.randn(8, 8, generator=g), "labels": torch.randn(8, generator=g)}
+        for _ in range(steps)
+    ]
+    batches[nan_at]["labels"][3] = float("nan")
+
+    def train_step(batch):
+        optimizer.zero_grad()
+        model(**batch)["loss"].backward()
+        optimizer.step()
+
+    return model, optimizer, batches, train_step
+
+
+@pytest.mark.parametrize("nan_at", [0, 3])
+def test_a_nan_in_keyword_labels_is_the_input_phase(nan_at):
+    model, optimizer, batches, train_step = keyword_loop(nan_at)
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for batch in batches:
+            train_step(batch)  # the loop unchanged: the model's inputs are the batch
+    assert (
+        caught.value.report.first_nonfinite.step,
+        caught.value.report.first_nonfinite.phase,
+    ) == (
+        nan_at,
+        "input",
+    )
+    model, optimizer, batches, train_step = keyword_loop(nan_at)
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(Guard(model, optimizer), train_step, batches)  # replayed: the tensor named
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.tensor, first.value) == (
+        nan_at,
+        "input",
+        "input:labels",
+        "nan",
+    )
 
 
 def test_a_nan_loss_in_one_micro_batch_is_not_hidden_by_the_next():
@@ -263,6 +367,7 @@ def test_guard_leaves_no_hook_or_patch_behind():
         train_step(batches[1])
     assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
     assert len(nn_module._global_forward_hooks) == hooks
+    assert not model._forward_pre_hooks  # the with form's hook for the model's keywords
 
 
 def test_guard_and_nonfinite_error_are_exported_from_the_package():

@@ -125,8 +125,13 @@ def test_the_table_is_read_from_the_registries():
     assert rows["log-of-softmax"].lint == "[error](lint.md#log-of-softmax)"
     assert rows["fp16-overflow"].whatif == "bfloat16 autocast instead of float16"
     assert rows["eps-underflow"].whatif.startswith("in the optimizer phase: the optimizer's eps")
-    assert rows["eps-underflow"].whatif.endswith("; otherwise: the math patch")
+    assert rows["eps-underflow"].whatif.endswith(
+        "; then the math patch; then the origin op guarded"
+    )
+    assert rows["division-by-zero"].whatif == "the origin op guarded"
+    assert rows["division-by-zero"].patch.startswith("`OriginGuardPatch`: the op the replay named")
     clip = rows["clip-before-unscale"]  # lint only
     assert (clip.rule, clip.whatif, clip.patch) == (None, None, None) and clip.lint
-    nothing = rows["nonfinite-parameters"]  # a rule, nothing to replay, nothing to lint
-    assert nothing.rule and (nothing.whatif, nothing.patch, nothing.lint) == (None, None, None)
+    zeroed = rows["nonfinite-parameters"]  # a rule, a config-side what-if, nothing to lint
+    assert zeroed.whatif == "the non-finite entries of the loaded weights zeroed"
+    assert zeroed.rule and (zeroed.patch, zeroed.lint) == (None, None)

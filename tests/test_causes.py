@@ -86,8 +86,10 @@ def test_a_registry_refuses_a_second_item_under_a_name():
 
 
 def test_a_fix_must_do_something():
-    with pytest.raises(ValueError, match="changes the config, patches the math, or both"):
+    with pytest.raises(ValueError, match="changes the config, patches the math, or guards"):
         Fix()
+    with pytest.raises(ValueError, match="the guard of the origin op is a fix on its own"):
+        Fix(Change.BFLOAT16, guard=True)
 
 
 def test_the_fix_replayed_depends_on_the_phase():

@@ -15,11 +15,11 @@ runner = CliRunner()
 
 SPEC_KEYS = {
     "schema_version", "tool", "command", "config", "environment", "status", "steps_completed",
-    "first_nonfinite", "causes", "events", "telemetry",
+    "first_nonfinite", "causes", "transients", "events", "telemetry",
 }  # fmt: skip
 FIRST_NONFINITE_KEYS = {
     "step", "phase", "module", "op", "tensor", "value", "dtype", "shape", "count_nonfinite",
-    "source", "reproduced",
+    "source", "reproduced", "frames",
 }  # fmt: skip
 
 
@@ -45,7 +45,7 @@ def test_json_to_stdout_holds_the_spec_fields():
     )
     report = json.loads(result.stdout)
     assert set(report) >= SPEC_KEYS
-    assert report["schema_version"] == 1 and report["command"] == "diagnose"
+    assert report["schema_version"] == 2 and report["command"] == "diagnose"
     assert set(report["environment"]) == {"device", "torch", "dtype", "grad_scaler", "threads"}
     assert set(report["first_nonfinite"]) == FIRST_NONFINITE_KEYS
     assert report["status"] == "nonfinite"

@@ -2,7 +2,9 @@
 designed to: the step's phase, and the op, module, tensor and source line where the first
 non-finite value was made. The source line is checked by its text, found independently
 in the example's file. Where the natural fix is a setting (bfloat16, clipping, a smaller
-learning rate), the fixed run survives well past the step that failed.
+learning rate), the fixed run survives well past the step that failed. Each report is made
+once, with its fixes replayed, as `diagnose` makes it: after the replays the designed cause
+still ranks first, and it carries a replayed verdict.
 
 Step numbers are not pinned (threads can change the last digits of a run): only their
 order (after some clean steps, before the step cap).
@@ -22,6 +24,7 @@ import torch
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.examples import make_checkpoints
 from nandoctor.report.types import Report
+from nandoctor.runtime.sentinel import MAX_SKIP_STREAK
 from nandoctor.setup.load import LoadedConfig, load_config
 from nandoctor.setup.schema import FactorySpec
 from tests.conftest import CONFIGS
@@ -29,7 +32,7 @@ from tests.conftest import CONFIGS
 Check = Callable[[Report], None]
 
 
-NO_VERIFY = DiagnoseOptions(verify=False)  # replaying the fixes is the diagnosis's own test
+NO_VERIFY = DiagnoseOptions(verify=False)  # the natural fixes' runs need no replays
 
 
 def run(loaded: LoadedConfig) -> Report:
@@ -40,10 +43,11 @@ _REPORTS: dict[str, Report] = {}
 
 
 def report_of(name: str) -> Report:
-    """The config's report as shipped (steps capped for healthy ones), computed once."""
+    """The config's report as shipped (steps capped for healthy ones), fixes replayed,
+    computed once per session (tests/test_whatif.py reads the same reports)."""
     if name not in _REPORTS:
         loaded = load_config(CONFIGS / name).with_overrides(steps=CASES[name].steps)
-        _REPORTS[name] = run(loaded)
+        _REPORTS[name] = diagnose(loaded)
     return _REPORTS[name]
 
 
@@ -124,7 +128,8 @@ def backward_of_sqrt(report: Report) -> None:
 
 def scale_collapsed_with_finite_loss(report: Report) -> None:
     skips = [e for e in report.events if e.kind == "scaler-skip"]
-    assert len(skips) >= 16  # 65536 halved down to 1
+    assert len(skips) == MAX_SKIP_STREAK - 1  # the streak's last skip is the collapse
+    assert {e.reason for e in skips} == {"overflow"}  # each finite at loss scale 1
     assert all(finite(loss) for loss in report.telemetry.loss)
 
 
@@ -326,8 +331,9 @@ DESIGNED_CAUSE |= {"attention-masked-ok.yaml": None}
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_rules_rank_the_designed_cause_first(name):
-    """The rules read evidence, never names: this holds because each example's evidence
-    is what its cause looks like."""
+    """The rules read evidence, never names, and the replays re-rank what they found: this
+    holds because each example's evidence, and what its fixes do, are what its cause
+    looks like."""
     report = report_of(name)
     expected = DESIGNED_CAUSE[name]
     if expected is None:
@@ -335,6 +341,45 @@ def test_the_rules_rank_the_designed_cause_first(name):
         return
     assert report.causes[0].id == expected, [(c.id, c.confidence) for c in report.causes]
     assert all(report.causes[0].confidence > c.confidence for c in report.causes[1:])
+
+
+# The designed cause's replayed verdict: True, its fix held; False, the replay stayed
+# finite but stopped learning ("stopped learning") or still failed.
+VERDICTS = {
+    "seed-fp16-nan.yaml": (True, "log_softmax(x) substituted"),
+    "division-by-zero.yaml": (True, "the div at retrieval.py:"),
+    "eps-underflow.yaml": (True, "epsilons raised to what the dtype can hold"),
+    "exploding-gradients.yaml": (True, "clip_grad_norm_(1.0)"),
+    "fp16-overflow.yaml": (True, "bfloat16 autocast"),
+    "fully-masked-softmax.yaml": (True, "finite minimum"),
+    # guarding the op alone is not enough (the gradients overflow float16 everywhere
+    # they flow); bfloat16, its other remedy, is
+    "grad-scaler-collapse.yaml": (True, "guarded (run in float32), the run still went"),
+    "invalid-domain.yaml": (True, "the sqrt at speaker_id.py:"),
+    "learning-rate-too-high.yaml": (True, "a 10x smaller learning rate"),
+    # a log kept finite cannot revive the ReLU that made its zero: the loss climbs
+    "log-of-zero.yaml": (False, "but the run stopped learning"),
+    "nondifferentiable-point.yaml": (True, "the sqrt at triplet.py:"),
+    "nonfinite-input.yaml": (True, "batches holding NaN or inf skipped"),
+    # every weight of the checkpoint was NaN: zeroed, the network cannot learn
+    "nonfinite-parameters.yaml": (False, "but the run stopped learning"),
+}
+
+
+def test_every_failing_example_has_a_designed_verdict():
+    assert sorted(VERDICTS) == sorted(n for n, cause in DESIGNED_CAUSE.items() if cause)
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_every_cause_carries_a_replayed_verdict(name):
+    report = report_of(name)
+    verified, words = VERDICTS[name]
+    top = report.causes[0]
+    assert top.verified is verified and words in top.verification, top.verification
+    for cause in report.causes:  # the runner-ups were replayed too
+        assert cause.verified is not None, (cause.id, cause.verification)
+    held = [c.verified for c in report.causes]
+    assert held == sorted(held, key=lambda v: v is not True)  # those whose fix held lead
 
 
 def test_the_seed_example_shows_all_three_causes_of_the_brief():

@@ -5,6 +5,7 @@ is installed (`pip install 'nandoctor[lightning]'` / `'nandoctor[transformers]'`
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import pytest
@@ -14,6 +15,8 @@ from torch import nn
 
 from nandoctor.guard import NonFiniteError
 from nandoctor.integrations import MissingExtraError
+from nandoctor.integrations.notice import NO_PATH, Handoff, deliver, one_line
+from nandoctor.report.types import Cause, Environment, FirstNonfinite, Report
 
 
 @pytest.mark.parametrize(
@@ -84,7 +87,7 @@ def test_lightning_callback_stops_at_the_bad_step_with_the_report(precision):
     assert callback.report is report
 
 
-def test_lightning_callback_can_stop_gracefully():
+def test_lightning_callback_can_stop_gracefully(capsys):
     pytest.importorskip("lightning.pytorch")
     from nandoctor.integrations.lightning import NandoctorCallback
 
@@ -92,6 +95,25 @@ def test_lightning_callback_can_stop_gracefully():
     trainer = lightning_fit(callback)
     assert callback.report.first_nonfinite.step == 3
     assert trainer.global_step == 4  # it stopped at the end of the bad step's batch
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]  # not silently
+    assert line.startswith("nandoctor: training stopped at step 3 (non-finite values): ")
+    assert line.endswith(NO_PATH) and "likely cause: nonfinite-input" in line
+
+
+def test_lightning_callback_writes_the_report_where_asked(tmp_path, capsys):
+    pytest.importorskip("lightning.pytorch")
+    from nandoctor.integrations.lightning import NandoctorCallback
+
+    path = tmp_path / "reports" / "nan.json"
+    callback = NandoctorCallback(raise_error=False, report_path=path)
+    lightning_fit(callback)
+    written = Report.from_dict(json.loads(path.read_text()))
+    assert written.first_nonfinite.step == 3 and written.to_dict() == callback.report.to_dict()
+    assert capsys.readouterr().err.strip().endswith(f"report written to {path}")
+    raising = NandoctorCallback(report_path=tmp_path / "raised.json")
+    with pytest.raises(NonFiniteError):
+        lightning_fit(raising)
+    assert json.loads((tmp_path / "raised.json").read_text())["status"] == "nonfinite"
 
 
 # -- transformers ------------------------------------------------------------------------
@@ -146,11 +168,42 @@ def test_transformers_callback_stops_at_the_bad_step_with_the_report(tmp_path):
     assert (first.step, first.phase) == (3, "loss")
 
 
-def test_transformers_callback_can_stop_gracefully(tmp_path):
+def test_transformers_callback_can_stop_gracefully(tmp_path, capsys):
     pytest.importorskip("transformers")
     from nandoctor.integrations.transformers import NandoctorCallback
 
-    callback = NandoctorCallback(raise_error=False)
+    path = tmp_path / "nan.json"
+    callback = NandoctorCallback(raise_error=False, report_path=path)
     trainer = transformers_train(callback, tmp_path)
     assert callback.report.first_nonfinite.step == 3
     assert trainer.state.global_step == 4
+    assert json.loads(path.read_text())["first_nonfinite"]["step"] == 3
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("nandoctor: training stopped at step 3 (non-finite values): ")
+    assert line.endswith(f"report written to {path}")
+
+
+# -- the one line, without a framework --------------------------------------------------
+def test_the_one_line_says_what_happened_and_where_the_report_is(tmp_path):
+    report = Report(
+        "guard",
+        "train.py",
+        Environment("cpu", "2", "float32", False, 1),
+        "nonfinite",
+        3,
+        summary="step 3, phase input: the batch held non-finite values",
+        first_nonfinite=FirstNonfinite(3, "input"),
+        causes=[Cause("nonfinite-input", "t", 0.99)],
+    )
+    where = deliver(report, tmp_path / "r.json")
+    assert one_line(report, where) == (
+        "nandoctor: training stopped at step 3 (non-finite values): step 3, phase input: the "
+        f"batch held non-finite values; likely cause: nonfinite-input; report written to "
+        f"{tmp_path / 'r.json'}"
+    )
+    assert Report.from_dict(json.loads((tmp_path / "r.json").read_text())) == report
+    assert deliver(report, None) == NO_PATH
+    handoff = Handoff(raise_error=True, report_path=None)
+    with pytest.raises(NonFiniteError):
+        handoff(report)
+    handoff(report)  # handed over once

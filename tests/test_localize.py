@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.localize import ops
 from nandoctor.localize.replay import localize
-from nandoctor.localize.steps import SessionSteps
 from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.load import load_config
@@ -76,6 +77,64 @@ class Flaky(nn.Module):
         CALLS["n"] += 1
         out = self.body(x)
         return out * float("nan") if CALLS["n"] == 3 else out
+
+
+class Scratch(nn.Module):
+    """Writes its output into a scratch buffer grown with `resize_`: memory no op wrote
+    since (it still holds the NaN of the tensor that used it before) until `copy_`."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.body(x)
+        scratch = torch.full((y.numel(),), float("nan"), dtype=y.dtype)
+        scratch.resize_(0)
+        scratch.resize_(y.shape)  # marker:resize
+        return scratch.copy_(y)
+
+
+class Bucketed(nn.Module):
+    """T5's pattern: a log of positions that include 0, the -inf selected away by where."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 3)
+
+    def forward(self, x):
+        positions = torch.arange(3, dtype=x.dtype)
+        buckets = torch.where(positions > 0, torch.log(positions), 0.0)  # marker:buckets
+        return self.body(x) + buckets
+
+
+class FlakyBucketed(Bucketed):
+    """Heals a log(0) every step, and goes NaN on its third call only."""
+
+    def forward(self, x):
+        CALLS["n"] += 1
+        out = super().forward(x)
+        return out * float("nan") if CALLS["n"] == 3 else out
+
+
+class Saturated(nn.Module):
+    """exp overflows where a where discards it: the forward is finite, its backward
+    multiplies the discarded inf by a zero gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.body(x) * 100
+        e = torch.exp(h)  # marker:exp
+        return torch.where(h < 50, e, 0.0)
+
+
+def nothing_to_average_loss(model, batch):
+    x, _ = batch
+    ignored = torch.full((x.shape[0],), -100)  # every target masked out
+    return F.cross_entropy(model(x), ignored)  # marker:ce
 
 
 def scaled_data(batches=4, scale_at=2, factor=100.0):
@@ -279,3 +338,73 @@ def test_an_interrupt_during_the_replay_still_gives_a_report(project, monkeypatc
     report = report_of(project, data_args={"nan_at": 2})
     assert report.status == "interrupted" and report.first_nonfinite.step == 2
     assert any("interrupted during the instrumented replay" in note for note in report.notes)
+
+
+def test_memory_an_op_left_unwritten_is_never_a_value(project, models):
+    report = report_of(
+        project,
+        model="models.py:Scratch",
+        loss="models.py:sharp_log_softmax_loss",
+        precision={"dtype": "fp16"},
+    )
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (0, "loss", "aten.log.default")
+    assert first.source == f"{models / 'models.py'}:{line_of('log')}"
+    assert not any("resize" in (t.op or "") for t in report.transients)
+
+
+ALLOCATING = (
+    "empty.memory_format",
+    "empty_like.default",
+    "new_empty.default",
+    "empty_strided.default",
+)
+
+
+@pytest.mark.parametrize("op", ALLOCATING)
+def test_the_allocating_ops_are_known_to_leave_memory_unwritten(op):
+    packet, _, overload = op.partition(".")
+    assert ops.leaves_unwritten(getattr(getattr(torch.ops.aten, packet), overload))
+
+
+def test_a_value_selected_away_by_where_is_a_transient_not_the_origin(project, models):
+    report = report_of(
+        project,
+        model="models.py:Bucketed",
+        loss="models.py:sharp_log_softmax_loss",
+        precision={"dtype": "fp16"},
+    )
+    first = report.first_nonfinite
+    assert (first.phase, first.module, first.op) == ("loss", None, "aten.log.default")
+    assert first.source == f"{models / 'models.py'}:{line_of('log')}"
+    (healed,) = report.transients
+    assert (healed.step, healed.phase, healed.module) == (first.step, "forward", "")
+    assert (healed.op, healed.value) == ("aten.log.default", "-inf")
+    assert healed.source == f"{models / 'models.py'}:{line_of('buckets')}"
+
+
+def test_a_gradient_inherits_the_origin_of_the_forward_value_it_was_computed_from(project, models):
+    report = report_of(project, model="models.py:Saturated")
+    first = report.first_nonfinite
+    assert report.telemetry.loss[-1] == report.telemetry.loss[-1]  # the loss stays finite
+    assert (first.phase, first.module, first.op) == ("forward", "", "aten.exp.default")
+    assert (first.value, first.source) == ("inf", f"{models / 'models.py'}:{line_of('exp')}")
+    assert report.transients == []  # the inf reached the gradients: it did not heal
+
+
+def test_an_op_inside_a_library_shows_the_library_line_and_the_users(project, models):
+    report = report_of(project, loss="models.py:nothing_to_average_loss")
+    first = report.first_nonfinite
+    assert (first.phase, first.op) == ("loss", "aten.nll_loss_forward.default")
+    library, user = first.frames
+    assert library.file == "torch/nn/functional.py" and not library.user
+    assert (user.file, user.line, user.user) == (str(models / "models.py"), line_of("ce"), True)
+    assert first.source == f"{user.file}:{user.line}"
+
+
+def test_a_replay_where_every_nonfinite_value_healed_blames_none_of_them(project, models):
+    report = report_of(project, model="models.py:FlakyBucketed")
+    first = report.first_nonfinite
+    assert (first.step, first.reproduced, first.op) == (2, False, None)
+    assert [(t.op, t.module) for t in report.transients] == [("aten.log.default", "")]
+    assert any("saw no non-finite value reach the loss" in note for note in report.notes)

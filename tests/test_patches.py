@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nandoctor.causes import catalog
 from nandoctor.registry import DuplicateError
+from nandoctor.runtime import safe_ops
 from nandoctor.runtime.patches import (
     PATCHES,
     EpsilonPatch,
     FiniteMaskPatch,
     LogSoftmaxPatch,
     MathPatch,
+    OpSite,
+    OriginGuardPatch,
     patch_for,
 )
+from nandoctor.runtime.safe_ops import Kind
 
 
 def test_log_of_softmax_becomes_log_softmax_in_every_spelling():
@@ -51,8 +58,9 @@ def test_an_epsilon_float16_rounds_to_zero_is_raised():
     with EpsilonPatch() as patch:
         y = x / torch.sqrt(x.pow(2).mean() + 1e-8)
         z = F.layer_norm(torch.zeros(2, 4, dtype=torch.float16), (4,), eps=1e-9)
-    assert torch.isfinite(y).all() and torch.isfinite(z).all()
-    assert patch.hits == 2
+        w = x / x.abs().clamp(min=1e-8)
+    assert torch.isfinite(y).all() and torch.isfinite(z).all() and torch.isfinite(w).all()
+    assert patch.hits == 3
 
 
 def test_an_epsilon_the_dtype_holds_is_left_alone():
@@ -78,3 +86,178 @@ def test_patches_are_registered_by_cause_id_once():
     with pytest.raises(DuplicateError, match=first):
         patch_for("log-of-softmax")(AnotherLogSoftmax)
     assert PATCHES["log-of-softmax"] is LogSoftmaxPatch
+
+
+# -- guard the origin op ----------------------------------------------------------------
+USER_PY = """
+import torch
+
+
+def normalise(x, y):
+    a = x / y
+    b = x / y
+    return a, b
+
+
+def distance(a, b):
+    return torch.sqrt(((a - b) ** 2).sum(-1)).sum()
+
+
+def angle(c):
+    return torch.acos(c)
+
+
+def logs(p):
+    return torch.log(p), p.log()
+
+
+def softplus_ish(z):
+    return torch.exp(z)
+
+
+class Amplify(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1000
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1000
+
+
+def amplify(x):
+    return Amplify.apply(x)
+"""
+
+
+@pytest.fixture
+def user(tmp_path):
+    """The module above, loaded from a file of the user's, and where each line is."""
+    path = tmp_path / "user_math.py"
+    path.write_text(USER_PY)
+    spec = importlib.util.spec_from_file_location("user_math", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = USER_PY.splitlines()
+
+    def site(snippet: str, family: str, overflowed: bool = False) -> OpSite:
+        (line,) = [i + 1 for i, text in enumerate(lines) if snippet in text]
+        return OpSite(family, os.path.realpath(path), line, overflowed)
+
+    module.site = site
+    return module
+
+
+def test_the_guard_makes_only_that_op_at_that_line_safe(user):
+    x, y = torch.zeros(3), torch.zeros(3)
+    with OriginGuardPatch(user.site("a = x / y", "div")) as patch:
+        a, b = user.normalise(x, y)
+    assert torch.equal(a, torch.zeros(3)) and b.isnan().all()  # line b: as written
+    assert patch.hits == 1
+    assert patch.describe == "the div at user_math.py:6 guarded (denominator moved away from 0)"
+
+
+def test_a_guarded_sqrt_has_a_finite_backward_at_zero(user):
+    a = torch.zeros(4, 2, requires_grad=True)
+    user.distance(a, torch.zeros(4, 2)).backward()
+    assert a.grad.isnan().all()  # the failure: inf * 0 in the backward of sqrt
+    a.grad = None
+    with OriginGuardPatch(user.site("torch.sqrt(", "sqrt")) as patch:
+        user.distance(a, torch.zeros(4, 2)).backward()
+    assert torch.isfinite(a.grad).all() and patch.hits == 1
+
+
+def test_acos_is_clamped_inside_its_domain_and_log_above_zero(user):
+    c = torch.tensor([1.0000001, -1.0, 0.5], requires_grad=True)
+    with OriginGuardPatch(user.site("torch.acos(", "acos")):
+        out = user.angle(c)
+        out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(c.grad).all()
+    assert out[2] == torch.acos(torch.tensor(0.5))  # inside the domain: unchanged
+    p = torch.tensor([0.0, -1.0, 0.5], dtype=torch.float16)
+    with OriginGuardPatch(user.site("torch.log(p)", "log")) as patch:
+        guarded, other = user.logs(p)  # both calls are on the line: both are guarded
+    assert torch.isfinite(guarded).all() and torch.isfinite(other).all() and patch.hits == 2
+    assert guarded[0] == torch.log(torch.tensor(torch.finfo(torch.float16).tiny, dtype=p.dtype))
+
+
+def test_an_overflowing_exp_runs_in_float32(user):
+    z = torch.full((2,), 12.0, dtype=torch.float16)
+    assert user.softplus_ish(z).isinf().all()  # e^12 > 65504
+    with OriginGuardPatch(user.site("torch.exp(", "exp")) as patch:
+        out = user.softplus_ish(z)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all() and patch.hits == 1
+
+
+def test_a_matmul_that_did_not_overflow_is_not_run_in_float32():
+    """float32 is a guard against overflow; for a NaN out of the math it changes nothing."""
+    assert not OriginGuardPatch(OpSite("matmul", "/x.py", 1, overflowed=False)).float32
+    assert OriginGuardPatch(OpSite("matmul", "/x.py", 1, overflowed=True)).float32
+    assert OriginGuardPatch(OpSite("exp", "/x.py", 1)).float32
+
+
+def test_a_custom_autograd_function_at_the_line_runs_in_float32(user):
+    apply = torch.autograd.Function.__dict__["apply"]
+    x = torch.full((3,), 100.0, dtype=torch.float16, requires_grad=True)
+    assert user.amplify(x).isinf().all()  # 100000 > 65504
+    with OriginGuardPatch(user.site("Amplify.apply(x)", "Amplify", overflowed=True)) as patch:
+        out = user.amplify(x)
+        out.sum().backward()
+    assert out.dtype == torch.float32 and torch.isfinite(out).all() and patch.hits == 1
+    assert torch.autograd.Function.__dict__["apply"] is apply  # put back on exit
+    assert user.amplify(x).dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    ("name", "family", "kind"),
+    [
+        ("aten.div.Tensor", "div", Kind.DENOMINATOR),
+        ("torch.Tensor.__rtruediv__", "div", Kind.SELF_AWAY),
+        ("torch.Tensor.div_", "div", Kind.DENOMINATOR),
+        ("aten.log.default", "log", Kind.FLOOR),
+        ("torch.sqrt", "sqrt", Kind.FLOOR),
+        ("torch.arccos", "acos", Kind.UNIT),
+        ("torch.Tensor.__pow__", "pow", Kind.POW),
+        ("torch.nn.functional.linear", "matmul", Kind.FLOAT32),
+        ("aten.addmm.default", "matmul", Kind.FLOAT32),
+        ("aten.exp.default", "exp", Kind.FLOAT32),
+    ],
+)
+def test_ops_are_known_by_their_family(name, family, kind):
+    assert safe_ops.family(name) == (family, kind)
+
+
+def test_a_root_floors_its_base_and_a_negative_power_keeps_it_off_zero():
+    x = torch.zeros(3, requires_grad=True)
+    y = safe_ops.safe_call(torch.pow, "torch.pow", (x, 0.5), {})
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert torch.isfinite(safe_ops.safe_call(torch.pow, "torch.pow", (x, -2), {})).all()
+    assert safe_ops.away_from_zero(torch.tensor([0.0, -1e-9, 2.0])).tolist() == [
+        torch.finfo(torch.float32).eps,
+        -torch.finfo(torch.float32).eps,
+        2.0,
+    ]
+
+
+LIBRARY_PY = """
+def normalise(x, y):
+    return x / y
+"""
+
+
+def test_an_op_inside_a_library_is_guarded_at_the_librarys_line_only(tmp_path, user):
+    """The user's `model(x)` line runs every op of the model: the guard keys on the
+    library line the report shows, so the user's own division stays as written."""
+    package = tmp_path / "site-packages" / "fakelib"
+    package.mkdir(parents=True)
+    (package / "ops.py").write_text(LIBRARY_PY)
+    spec = importlib.util.spec_from_file_location("fakelib_ops", package / "ops.py")
+    library = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(library)
+    x, y = torch.zeros(3), torch.zeros(3)
+    site = OpSite("div", "fakelib/ops.py", 3, library=True)
+    with OriginGuardPatch(site) as patch:
+        inside = library.normalise(x, y)
+        mine, _ = user.normalise(x, y)
+    assert torch.equal(inside, torch.zeros(3)) and mine.isnan().all() and patch.hits == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nandoctor.render.markdown import render_markdown
 from nandoctor.report.types import Cause
-from tests.test_render_terminal import failing_report
+from tests.test_render_terminal import failing_report, with_library_frames_and_transients
 
 
 def test_markdown_carries_the_json_facts(tmp_path):
@@ -34,6 +34,7 @@ def test_markdown_carries_the_json_facts(tmp_path):
     assert "1. **log-of-softmax** (93%)" in text and "**✔ verified**: 76/76 steps" in text
     assert "```python" in text  # the before/after snippet of the top cause
     assert data["summary"] in text and "- a note" in text
+    assert "; GradScaler skips: 1 overflow, 1 unchecked." in text  # counted from the events
 
 
 def test_healthy_markdown(tmp_path):
@@ -54,3 +55,11 @@ def test_markdown_lists_the_health_checks(tmp_path):
         "### Numeric health against `b.json`" in text
         and "| final loss | ❌ | worse by 20% |" in text
     )
+
+
+def test_markdown_shows_the_library_lines_and_the_healed_values(tmp_path):
+    text = render_markdown(with_library_frames_and_transients(failing_report(tmp_path)))
+    assert "| via | `torch/nn/functional.py:3555 ← transformers/x.py:9` |" in text
+    assert "**Healed on the way** (seen, not the cause):" in text
+    assert "- `aten.log.default in enc.0 at train.py:3 (forward, -inf)`" in text
+    assert "None" not in text

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from rich.console import Console
 
 from nandoctor.render.terminal import quiet_lines, render_report
 from nandoctor.report.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
-from nandoctor.report.types import Environment, Event, FirstNonfinite, Report, Telemetry
+from nandoctor.report.types import (
+    Environment,
+    Event,
+    FirstNonfinite,
+    Frame,
+    Report,
+    Telemetry,
+    Transient,
+)
 
 SOURCE = """def loss(model, batch):
     x, y = batch
@@ -43,7 +52,10 @@ def failing_report(tmp_path) -> Report:
             f"{tmp_path / 'train.py'}:4",
             True,
         ),
-        events=[Event(1, "scaler-skip", 65536.0)],
+        events=[
+            Event(1, "scaler-skip", 65536.0, reason="overflow"),
+            Event(2, "scaler-skip", 32768.0),
+        ],
         telemetry=telemetry,
         evidence=Evidence(
             inputs=[stats],
@@ -71,7 +83,7 @@ def test_failure_panel_shows_where_and_why(tmp_path):
     assert "❱ 4     return -(y * torch.log(p)).sum()" in text  # the line, highlighted
     assert "← self came from aten._softmax.default at train.py:3 (loss)" in text
     assert "the math itself, not the precision" in text
-    assert "1 GradScaler skip(s)" in text and "note: a note" in text
+    assert "GradScaler skips: 1 overflow, 1 unchecked" in text and "note: a note" in text
     assert "×" in text  # the NaN loss on the curve
 
 
@@ -91,7 +103,7 @@ def test_quiet_output_is_a_few_plain_lines(tmp_path):
     assert quiet_lines(failing_report(tmp_path)) == [
         "nandoctor diagnose run.yaml: NONFINITE",
         "  step 3, phase loss: aten.log.default produced -inf",
-        "  cpu float16 grad_scaler=True threads=2",
+        "  cpu float16 grad_scaler=True (GradScaler skips: 1 overflow, 1 unchecked) threads=2",
     ]
     assert "\x1b[" not in render(failing_report(tmp_path), quiet=True)  # no colour codes
 
@@ -121,3 +133,33 @@ def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
         "  FAIL activation growth: fc2 grew 2.0x" in lines
         and "  ok   headroom: peak at 10%" in lines
     )
+
+
+def with_library_frames_and_transients(report: Report) -> Report:
+    first = report.first_nonfinite
+    user = Frame(first.source.rpartition(":")[0], 4, True)
+    library = [Frame("torch/nn/functional.py", 3555, False), Frame("transformers/x.py", 9, False)]
+    report.first_nonfinite = dataclasses.replace(first, frames=[*library, user])
+    report.transients = [
+        Transient(3, "forward", "enc.0", "aten.log.default", "-inf", "train.py:3"),
+        Transient(3, "forward", None, "aten.masked_fill.Scalar", "-inf", None),
+    ]
+    return report
+
+
+def test_the_library_lines_and_the_healed_values_are_shown(tmp_path):
+    text = render(with_library_frames_and_transients(failing_report(tmp_path)))
+    assert "via     torch/nn/functional.py:3555" in text
+    assert "        transformers/x.py:9" in text
+    assert "healed on the way (seen, not the cause):" in text
+    assert "aten.log.default in enc.0 at train.py:3 (forward, -inf)" in text
+    assert "aten.masked_fill.Scalar outside the model (forward, -inf)" in text
+    assert "None" not in text
+
+
+def test_healed_values_are_shown_when_the_failure_was_not_reproduced(tmp_path):
+    report = with_library_frames_and_transients(failing_report(tmp_path))
+    report.first_nonfinite = FirstNonfinite(3, "loss", reproduced=False)
+    text = render(report)
+    assert "aten.log.default in enc.0 at train.py:3 (forward, -inf)" in text
+    assert "op      " not in text

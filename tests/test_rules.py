@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from nandoctor.causes import catalog
-from nandoctor.causes.case import Case, RunFacts, op_base
+from nandoctor.causes.case import Case, LrJump, RunFacts, op_base
 from nandoctor.causes.index import RULES
 from nandoctor.causes.ranking import rank
 from nandoctor.report.evidence import (
@@ -71,7 +71,7 @@ def test_log_of_a_softmax_zero():
     )
     assert ids(c)[0] == "log-of-softmax"
     assert (
-        "received 12 exact zero(s) produced by aten._softmax.default at m.py:2"
+        "received 12 exact zeros produced by aten._softmax.default at m.py:2"
         in rank(c)[0].evidence[0]
     )
 
@@ -261,3 +261,104 @@ def test_a_checkpoint_raises_confidence_in_bad_parameters():
     facts = replace(FACTS, checkpoint="ckpt.pt", start_step=10)
     top = rank(case(None, "parameters", facts=facts))[0]
     assert top.confidence == 0.99 and "ckpt.pt" in top.evidence[1]
+
+
+# -- the learning rate in effect, and how long the loss rose ----------------------------
+def test_a_loss_rise_of_three_steps_is_not_a_learning_rate_problem():
+    """The failure arriving (the loss jumping over the last few steps) is no evidence."""
+    trends = replace(CALM, loss_min=0.4, loss_min_step=6, loss_last=9.0, loss_late_slope=2.0)
+    for onset in (7, 8):  # the failing step is 10: a rise of 3 and 2 steps
+        c = case("aten.log.default", trends=replace(trends, loss_onset=onset, grad_onset=onset))
+        assert "learning-rate-too-high" not in ids(c)
+    c = case("aten.log.default", trends=replace(trends, loss_onset=4, loss_min_step=3))
+    assert ids(c)[0] == "learning-rate-too-high"
+
+
+def test_the_learning_rate_quoted_is_the_one_in_effect_with_the_schedulers_jump():
+    trends = replace(CALM, loss_min=0.4, loss_min_step=2, loss_last=9.0, loss_late_slope=2.0)
+    jump = LrJump(8, 4e-7, 1e-2)
+    facts = replace(FACTS, lr=1e-2, lr_start=4e-7, lr_jump=jump, scheduler="LambdaLR")
+    c = case("aten.log.default", trends=replace(trends, loss_onset=3, grad_onset=3), facts=facts)
+    cause = next(x for x in rank(c) if x.id == "learning-rate-too-high")
+    assert (
+        "the scheduler (LambdaLR) multiplied the learning rate 2.5e+04x at step 8, from 4e-07 "
+        "to 0.01, 2 steps before the failure"
+    ) in cause.evidence
+    assert "the optimizer is AdamW, at lr=0.01 in effect at step 10" in cause.evidence
+    assert cause.fix.startswith(
+        "Lower the learning rate 10x, from the 0.01 in effect at step 10 to 0.001 "
+        "(`lr=0.01` -> `lr=0.001`), and bound the scheduler"
+    )
+
+
+def test_a_recent_jump_of_the_rate_is_evidence_on_its_own():
+    facts = replace(FACTS, lr=1e-2, lr_start=4e-7, lr_jump=LrJump(9, 4e-7, 1e-2))
+    cause = next(x for x in rank(case("aten.mm.default", facts=facts)) if x.id.startswith("learn"))
+    assert cause.confidence == 0.8
+    old = replace(facts, lr_jump=LrJump(9, 4e-7, 1e-6))  # 2.5x: a schedule, not a jump
+    assert "learning-rate-too-high" not in ids(case("aten.mm.default", facts=old))
+
+
+def test_a_rate_a_scheduler_moved_names_where_it_came_from():
+    facts = replace(FACTS, lr=2e-3, lr_start=1e-3, lr_jump=LrJump(5, 1e-3, 2e-3))
+    update = UpdateRatio(9, 0.2, 0.3, "w")
+    cause = next(c for c in rank(case("aten.mm.default", update=update, facts=facts)))
+    assert cause.evidence[-1] == (
+        "the optimizer is AdamW, at lr=0.002 in effect at step 10; the scheduler took it there "
+        "from 0.001, jumping 2x at step 5"
+    )
+
+
+# -- an epsilon that rounds to 0 where it was added ---------------------------------------
+@pytest.mark.parametrize(
+    ("op", "phase", "rival"),
+    [
+        ("aten.log.default", "loss", "log-of-zero"),
+        ("aten.div.Tensor", "forward", "division-by-zero"),
+        ("aten.rsqrt.default", "forward", "log-of-zero"),
+    ],
+)
+def test_an_epsilon_that_rounds_to_zero_ranks_first(op, phase, rival):
+    inputs = [stats(zeros=3), stats("other", zeros=4)]
+    made = [producer("aten.add.Tensor", feeds="other", scalars=["other=1e-08"])]
+    ranked = ids(case(op, phase, "inf", inputs=inputs, producers=made))
+    assert ranked[0] == "eps-underflow" and rival in ranked
+
+
+def test_an_epsilon_is_judged_in_the_dtype_it_was_added_in():
+    made = [producer("aten.add.Tensor", feeds="other", scalars=["other=1e-08"])]
+    bf16 = [stats(dtype="bfloat16"), stats("other", dtype="bfloat16", zeros=4)]
+    assert "eps-underflow" not in ids(case("aten.div.Tensor", inputs=bf16, producers=made))
+    tiny = [producer("aten.add.Tensor", feeds="other", scalars=["other=1e-50"])]
+    fp32 = [stats(dtype="float32"), stats("other", dtype="float32", zeros=4)]
+    top = rank(case("aten.div.Tensor", inputs=fp32, producers=tiny))[0]
+    assert top.id == "eps-underflow" and "which is 0 in float32" in top.evidence[0]
+
+
+# -- sentences that quote what was seen -----------------------------------------------------
+def test_a_collapse_is_told_in_the_telemetrys_numbers():
+    trends = replace(CALM, final_streak=14, final_streak_start=3, final_scales=(65536.0, 8.0))
+    facts = replace(FACTS, collapsed=True, collapse_why="the GradScaler skipped 1 steps")
+    (cause,) = [c for c in rank(case("aten.mm.default", "backward", trends=trends, facts=facts))
+                if c.id == "grad-scaler-collapse"]  # fmt: skip
+    assert cause.evidence[0] == (
+        "the GradScaler skipped 14 steps in a row from step 3; the loss scale went from 65536 to 8"
+    )
+
+
+def test_an_unreproduced_failure_has_no_none_in_its_sentences():
+    first = FirstNonfinite(10, "input", reproduced=False)
+    c = Case(first, Evidence(), CALM, FACTS)
+    (sentence,) = rank(c)[0].evidence
+    assert sentence == "the batch of step 10 held non-finite values before any op ran"
+    first = FirstNonfinite(10, "parameters", reproduced=False)
+    (sentence,) = rank(Case(first, Evidence(), CALM, FACTS))[0].evidence
+    assert sentence == "the parameters held non-finite values before step 10 began"
+
+
+def test_counts_agree_with_their_nouns():
+    one = case(
+        "aten.log.default", "loss", "-inf", [stats(zeros=1)], [producer("aten.relu.default")]
+    )
+    assert "met 1 exact zero (made by" in rank(one)[0].evidence[0]
+    assert not any("(s)" in e or " 1 steps" in e for c in rank(one) for e in c.evidence)

@@ -1,10 +1,13 @@
 """The sentinel's rules: the first non-finite phase fails the step; a GradScaler skip is
-an event until skips repeat and the scale collapses. And the one sentinel on a loop
-driven from outside (the hooks' announcements): scaled gradients, several losses in a
-step, a GradScaler met only mid-run."""
+an event when its gradients are finite at loss scale 1 (or it could not be rechecked),
+the failure itself when they are not, and skips that repeat until the scale collapses
+fail. And the one sentinel on a loop driven from outside (the hooks' announcements):
+scaled gradients, several losses in a step, a GradScaler met only mid-run, batches and
+model outputs of every shape (keywords, dataclasses, a `ModelOutput` carrying its loss)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +16,15 @@ from torch import nn
 
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, StepContext
-from nandoctor.runtime.sentinel import MAX_SKIP_STREAK, Judge, Reading, Sentinel, Verdict
+from nandoctor.runtime.sentinel import (
+    MAX_SKIP_STREAK,
+    OVERFLOW,
+    UNCHECKED,
+    Judge,
+    Reading,
+    Sentinel,
+    Verdict,
+)
 
 
 def reading(step=0, scale=None, **flags) -> Reading:
@@ -47,6 +58,30 @@ def test_bad_gradients_without_a_scaler_fail_in_backward():
 def test_a_scaler_skip_is_an_event_not_a_failure():
     verdict = Judge()(reading(step=3, scale=65536.0, grads=True))
     assert verdict.skipped and not verdict.failed
+    assert verdict.skip_reason == UNCHECKED  # nothing could recheck it
+
+
+def test_a_skip_finite_at_loss_scale_one_is_an_overflow_and_only_skips_are_rechecked():
+    asked: list[int] = []
+    judge = Judge(recheck=lambda step: asked.append(step) or False)
+    assert not judge(reading(step=2, scale=65536.0)).failed  # a clean step: no recheck
+    verdict = judge(reading(step=3, scale=65536.0, grads=True))
+    assert verdict.skipped and verdict.skip_reason == OVERFLOW and asked == [3]
+
+
+def test_a_skip_still_nonfinite_at_loss_scale_one_is_the_failure_the_scaler_hid():
+    judge = Judge(recheck=lambda step: step == 5)
+    assert judge(reading(step=4, scale=65536.0, grads=True)).skip_reason == OVERFLOW
+    verdict = judge(reading(step=5, scale=32768.0, grads=True))
+    assert verdict.failed and verdict.hidden and not verdict.collapsed
+    assert (verdict.step, verdict.phase) == (5, Phase.BACKWARD)  # its own step, not the streak's
+    assert verdict.replay_scale == 1.0  # replayed unscaled: no overflow hides the origin
+    assert "non-finite at loss scale 1 too" in verdict.why
+
+
+def test_a_skip_that_could_not_be_rechecked_is_unchecked():
+    verdict = Judge(recheck=lambda step: None)(reading(step=3, scale=1024.0, grads=True))
+    assert verdict.skipped and verdict.skip_reason == UNCHECKED
 
 
 def test_a_nonfinite_loss_fails_even_with_a_scaler():
@@ -54,21 +89,37 @@ def test_a_nonfinite_loss_fails_even_with_a_scaler():
     assert verdict.failed and verdict.phase is Phase.LOSS
 
 
-def test_a_streak_of_skips_fails_at_its_first_step():
-    judge = Judge()
+@pytest.mark.parametrize("recheck", [None, lambda step: False])
+def test_a_streak_of_skips_fails_at_its_first_step(recheck):
+    """Overflows or unchecked, MAX_SKIP_STREAK skips in a row collapse the scale (from
+    torch's default 65536 down to 64: a healthy run skips a handful at its start)."""
+    assert MAX_SKIP_STREAK == 10
+    judge = Judge(recheck=recheck)
     verdicts = [
-        judge(reading(step=s, scale=2.0**60 / 2**i, grads=True))
+        judge(reading(step=s, scale=2.0**16 / 2**i, grads=True))
         for i, s in enumerate(range(10, 10 + MAX_SKIP_STREAK))
     ]
     assert all(v.skipped for v in verdicts[:-1])
-    assert verdicts[-1].failed and verdicts[-1].step == 10 and verdicts[-1].phase is Phase.BACKWARD
-    assert f"skipped {MAX_SKIP_STREAK} steps in a row from step 10" in verdicts[-1].why
+    last = verdicts[-1]
+    assert last.failed and last.step == 10 and last.phase is Phase.BACKWARD
+    assert last.collapsed and not last.hidden and last.replay_scale == 2.0**16 / 2**9
+    assert f"skipped {MAX_SKIP_STREAK} steps in a row from step 10" in last.why
+
+
+def test_skips_above_the_default_initial_scale_do_not_count_towards_a_collapse():
+    """A larger init_scale (Megatron's 2**32) comes down to 65536 first: those skips are
+    its own choice, not a collapse."""
+    judge = Judge()
+    scales = [2.0**32 / 2**i for i in range(16 + MAX_SKIP_STREAK)]  # 2**32 down to 2**7
+    verdicts = [judge(reading(step=i, scale=x, grads=True)) for i, x in enumerate(scales)]
+    assert all(v.skipped for v in verdicts[:-1]) and verdicts[-1].failed
+    assert verdicts[-1].step == 0 and "skipped 26 steps in a row from step 0" in verdicts[-1].why
 
 
 def test_a_clean_step_ends_the_streak():
     judge = Judge()
     for s in range(MAX_SKIP_STREAK - 1):
-        judge(reading(step=s, scale=2.0**30, grads=True))
+        judge(reading(step=s, scale=2.0**10, grads=True))
     judge(reading(step=99, scale=2.0**30))
     assert judge(reading(step=100, scale=2.0**30, grads=True)).skipped
 
@@ -141,3 +192,74 @@ def test_a_scaler_met_mid_run_teaches_the_judge_its_scale():
     (skip,) = announce(sentinel, run, 1, [1.0], grad=float("inf"), grad_scale=2.0**-10)
     assert skip.skipped and not skip.failed
     assert Judge()(skip.reading).failed  # a judge that never learned the scaler: collapse
+
+
+# -- batches and model outputs of every shape ----------------------------------------
+@dataclasses.dataclass
+class Features:
+    pixels: torch.Tensor
+    labels: torch.Tensor
+
+
+def nan_labels() -> torch.Tensor:
+    return torch.tensor([0.5, float("nan")])
+
+
+def batch_shapes() -> list:
+    ids = torch.ones(2, 3, dtype=torch.long)
+    shapes = [
+        {"input_ids": ids, "labels": nan_labels()},  # model(**batch)
+        {"0": torch.ones(2, 4), "labels": nan_labels()},  # model(x, labels=...)
+        Features(torch.ones(2, 4), nan_labels()),
+        [(ids, {"labels": nan_labels()})],
+    ]
+    try:  # a tokenizer's output: a mapping, not a dict
+        from transformers import BatchEncoding
+    except ImportError:
+        return shapes
+    return [*shapes, BatchEncoding({"input_ids": ids, "labels": nan_labels()})]
+
+
+def one_step(sentinel: Sentinel, run: HookedRun, batch, output, loss: float) -> Verdict:
+    """A step announced up to its loss: the batch, the model's output, the loss."""
+    ctx = StepContext(run, 0, batch)
+    sentinel.step_started(ctx)
+    sentinel.phase_ended(ctx, Phase.INPUT)
+    ctx.output = output
+    sentinel.phase_ended(ctx, Phase.FORWARD)
+    ctx.loss = torch.tensor(loss)
+    sentinel.phase_ended(ctx, Phase.LOSS)
+    sentinel.step_ended(ctx)
+    (verdict,) = sentinel.collect()
+    return verdict
+
+
+def test_a_nan_anywhere_in_a_keyword_or_structured_batch_is_the_input_phase():
+    for batch in batch_shapes():
+        run = hooked_run()
+        verdict = one_step(Sentinel(run), run, batch, torch.ones(2), float("nan"))
+        assert verdict.failed and verdict.phase is Phase.INPUT, type(batch)
+
+
+def model_outputs(loss: float, logits: float) -> list:
+    """A dict and, where transformers is installed, a `ModelOutput`, each carrying a loss."""
+    values = {"loss": torch.tensor(loss), "logits": torch.full((2, 3), logits)}
+    outputs = [dict(values)]
+    try:
+        from transformers.modeling_outputs import SequenceClassifierOutput
+    except ImportError:
+        return outputs
+    return [*outputs, SequenceClassifierOutput(**values)]
+
+
+@pytest.mark.parametrize(
+    ("loss", "logits", "phase"),
+    [(float("nan"), 1.0, Phase.LOSS), (float("nan"), float("nan"), Phase.FORWARD)],
+)
+def test_the_loss_a_model_output_carries_is_judged_apart_from_its_logits(loss, logits, phase):
+    """`compare`'s thorough sentinel checks the model's output: a NaN loss computed by
+    the model beside finite logits is the loss phase; NaN logits are the forward's."""
+    for output in model_outputs(loss, logits):
+        run = hooked_run()
+        verdict = one_step(Sentinel(run, thorough=True), run, (torch.ones(2, 4),), output, loss)
+        assert verdict.failed and verdict.phase is phase, type(output)

@@ -1,26 +1,40 @@
 """What-if verification replays the run with a fix: verified when it survives past the
-failing step, refuted with the step where it still failed, unverified past the budget."""
+failing step and keeps learning, refuted with the step where it still failed, "stopped
+learning" when it stayed finite without learning, unverified past the budget; then the
+causes are ranked again by what their replays showed."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from nandoctor.causes.index import FIXES
-from nandoctor.causes.unit import Change, Fix
+from nandoctor.causes.ranking import Replay, rerank
+from nandoctor.causes.unit import GUARD_ORIGIN, Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
-from nandoctor.diagnose.verify import CHANGES, applies, plan, verify
+from nandoctor.diagnose.verify import (
+    CHANGES,
+    Verdict,
+    applies,
+    combined,
+    origin_site,
+    plan,
+    verify,
+)
 from nandoctor.registry import DuplicateError
-from nandoctor.report.types import Cause
-from nandoctor.runtime.patches import PATCHES, EpsilonPatch
+from nandoctor.report.evidence import Evidence
+from nandoctor.report.types import Cause, Frame
+from nandoctor.runtime.patches import PATCHES, EpsilonPatch, OriginGuardPatch
 from nandoctor.setup.load import load_config
 from tests.conftest import CONFIGS
+from tests.test_examples import report_of
 from tests.test_rules import case
 
 
 def seed_report():
-    return diagnose(load_config(CONFIGS / "seed-fp16-nan.yaml"))
+    return report_of("seed-fp16-nan.yaml")
 
 
 def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
@@ -36,9 +50,11 @@ def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
         in by_id["log-of-softmax"].verification
     )
     assert by_id["learning-rate-too-high"].verified is True
-    # clipping alone does not save this run: reported as failed, not dropped
+    # clipping alone does not save this run: reported as failed, not dropped, and ranked
+    # below both causes whose fixes held, whatever the rules' confidence
     assert by_id["exploding-gradients"].verified is False
     assert "still went non-finite at step" in by_id["exploding-gradients"].verification
+    assert [c.id for c in report.causes][-1] == "exploding-gradients"
 
 
 def test_a_spent_budget_leaves_causes_unverified():
@@ -74,3 +90,113 @@ def test_a_plan_applies_the_change_or_attaches_the_patch():
     assert bf16.loaded.config.precision.dtype == "bfloat16"
     both = plan("eps-underflow", Fix(Change.BFLOAT16, patch=True), case("aten.mm.default"), loaded)
     assert both.describe == f"with bfloat16 autocast instead of float16 and {EpsilonPatch.describe}"
+
+
+# -- ranking by the replays -----------------------------------------------------------------
+def cause(cause_id: str, confidence: float) -> Cause:
+    return Cause(cause_id, "t", confidence)
+
+
+def test_a_fix_that_held_outranks_one_that_was_refuted_whatever_the_confidence():
+    ranked = rerank(
+        [
+            (cause("exploding-gradients", 0.85), Replay.REFUTED),
+            (cause("division-by-zero", 0.8), Replay.STOPPED_LEARNING),
+            (cause("nonfinite-input", 0.5), Replay.NOT_REPLAYED),
+            (cause("learning-rate-too-high", 0.35), Replay.HELD),
+        ]
+    )
+    assert [(c.id, c.confidence) for c in ranked] == [
+        ("nonfinite-input", 0.5),
+        ("learning-rate-too-high", 0.35),
+        ("division-by-zero", 0.64),  # x 0.8: finite, but it stopped learning
+        ("exploding-gradients", 0.42),  # x 0.5, rounded half to even: refuted
+    ]
+
+
+def test_reranking_is_deterministic_and_keeps_the_rules_order_on_ties():
+    pairs = [(cause(f"c{i}", 0.5), Replay.HELD) for i in range(5)]
+    assert [c.id for c in rerank(pairs)] == ["c0", "c1", "c2", "c3", "c4"]
+    assert rerank(pairs) == rerank(list(pairs))
+
+
+def test_fixes_are_tried_in_order_until_one_holds():
+    refuted = Verdict(Replay.REFUTED, "with a, the run still went non-finite at step 3")
+    held = Verdict(Replay.HELD, "with b, 40/40 steps stayed finite")
+    nothing = Verdict(Replay.NOT_REPLAYED, "with c: the patch found nothing", applied=False)
+    both = combined([nothing, refuted, held])
+    assert both.replay is Replay.HELD and both.verified is True
+    assert both.sentence == f"{refuted.sentence}; {held.sentence}"
+    assert combined([nothing]).verified is None
+    assert combined([refuted, nothing]).sentence == refuted.sentence
+
+
+# -- guarding the origin op -------------------------------------------------------------------
+def test_the_origin_site_is_the_op_and_the_users_line():
+    forward = origin_site(case("aten.div.Tensor"))
+    assert (forward.family, forward.line, forward.overflowed) == ("div", 3, False)
+    assert forward.file.endswith("m.py")
+    backward = case("aten.mul.Tensor", "backward", "inf", backward_of="torch.sqrt (SqrtBackward0)")
+    assert origin_site(backward).family == "sqrt" and origin_site(backward).overflowed
+    unnamed = case(None, "input")
+    assert origin_site(unnamed) is None
+
+
+def test_an_op_in_a_library_is_keyed_on_the_librarys_line_past_torchs_own():
+    frames = [
+        Frame("torch/nn/functional.py", 3555, False),
+        Frame("transformers/models/bert/modeling_bert.py", 973, False),
+        Frame("train.py", 41, True),
+    ]
+    c = case("aten.div.Tensor")
+    c = replace(c, first=replace(c.first, frames=frames, source="train.py:41"))
+    site = origin_site(c)
+    assert (site.file, site.line, site.library) == (frames[1].file, 973, True)
+    c = replace(c, first=replace(c.first, frames=[frames[0], frames[2]]))
+    assert (origin_site(c).line, origin_site(c).library) == (41, False)  # torch's: the user's
+
+
+def test_a_guard_plan_names_the_op_and_the_line():
+    loaded = load_config(CONFIGS / "division-by-zero.yaml")
+    guarded = plan("division-by-zero", GUARD_ORIGIN, case("aten.div.Tensor"), loaded)
+    assert guarded.describe == "with the div at m.py:3 guarded (denominator moved away from 0)"
+    assert isinstance(guarded.patch(), OriginGuardPatch) and guarded.loaded is loaded
+    assert plan("division-by-zero", GUARD_ORIGIN, case(None, "input"), loaded) is None
+
+
+def test_every_cause_of_the_op_itself_has_a_replay():
+    """The math causes whose fix is in the user's code are verified by the guard."""
+    guarded = {cause_id for cause_id, fixes in FIXES.items() if GUARD_ORIGIN in fixes}
+    assert {
+        "division-by-zero",
+        "log-of-zero",
+        "invalid-domain",
+        "nondifferentiable-point",
+        "eps-underflow",
+        "grad-scaler-collapse",
+    } <= guarded
+
+
+def test_zeroed_weights_that_cannot_learn_are_not_a_verified_fix():
+    """The shipped checkpoint lost every weight: zeroed, the run stays finite, and flat."""
+    report = report_of("nonfinite-parameters.yaml")
+    (top,) = report.causes
+    assert top.id == "nonfinite-parameters" and top.verified is False
+    assert top.verification.startswith(
+        "with the non-finite entries of the loaded weights and optimizer state zeroed, "
+    )
+    assert "but the run stopped learning: its loss fell by only" in top.verification
+    assert top.confidence == round(0.99 * 0.8, 2)
+
+
+def test_zeroing_is_for_loaded_weights_only():
+    loaded = load_config(CONFIGS / "nonfinite-input.yaml")
+    assert CHANGES[Change.ZERO_NONFINITE_WEIGHTS.name](case(None, "parameters"), loaded) is None
+    loaded = load_config(CONFIGS / "nonfinite-parameters.yaml")
+    zeroing = CHANGES[Change.ZERO_NONFINITE_WEIGHTS.name](case(None, "parameters"), loaded)
+    assert zeroing.prepare is not None and zeroing.loaded is loaded
+
+
+def test_a_case_needs_evidence_for_a_backward_site():
+    plain = replace(case("aten.div.Tensor", "backward"), evidence=Evidence())
+    assert origin_site(plain).family == "div"  # no backward_of: the op's own family

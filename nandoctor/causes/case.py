@@ -17,6 +17,30 @@ FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST = 2.0**-24  # ~6e-8, the smallest positive float16 (a subnormal)
 FLOAT16_ROUNDS_TO_ZERO = 2.0**-25  # anything smaller in magnitude is 0 in float16
 
+# Per dtype, the smallest positive value (a subnormal) and the magnitude at or below which
+# a number rounds to exactly 0 there (half of that value: round-to-nearest-even)
+SMALLEST = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149}
+ROUNDS_TO_ZERO = {dtype: smallest / 2 for dtype, smallest in SMALLEST.items()}
+
+
+def rounds_to_zero(x: float, dtype: str | None) -> bool:
+    """A nonzero number that `dtype` holds as exactly 0 (1e-8 in float16; 1e-50 in float32)."""
+    limit = ROUNDS_TO_ZERO.get(dtype or "")
+    return limit is not None and 0 < abs(x) <= limit
+
+
+@dataclass(frozen=True)
+class LrJump:
+    """A step at which the learning rate in effect was multiplied (by a scheduler)."""
+
+    step: int
+    before: float
+    after: float
+
+    @property
+    def factor(self) -> float:
+        return self.after / self.before if self.before else float("inf")
+
 
 @dataclass(frozen=True)
 class RunFacts:
@@ -33,6 +57,12 @@ class RunFacts:
     start_step: int = 0
     collapsed: bool = False  # the failure was a GradScaler streak whose scale collapsed
     collapse_why: str = ""
+    # `lr` is the rate in effect at the failing step (the optimizer's param_groups[0]);
+    # `lr_start` the one the run started with, `lr_jump` the largest jump between them,
+    # `scheduler` the scheduler's class, when the run had one
+    lr_start: float | None = None
+    lr_jump: LrJump | None = None
+    scheduler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +71,9 @@ class Case:
     evidence: Evidence
     trends: Trends
     facts: RunFacts
+    # the original run's loss at its last finite steps (before the failing one), which a
+    # what-if replay's loss is held against: a fix must not stop the run learning
+    reference_loss: float | None = None
 
     @property
     def op(self) -> str:

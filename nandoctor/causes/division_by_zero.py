@@ -1,13 +1,14 @@
 """division-by-zero: 0/0 or x/0 in the forward or the loss, a denominator holding exact zeros.
 
-Nothing to replay: bounding the denominator is a change to the user's code.
+The what-if guards that division at that line: its denominator moved away from 0 (|d| at
+least the dtype's eps), the way `clamp_min` or `F.normalize` would bound it.
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
-from nandoctor.causes.words import where
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Hit, entry
+from nandoctor.causes.words import plural, where
 
 ID = "division-by-zero"
 
@@ -46,10 +47,10 @@ def division_by_zero(case: Case) -> Hit | None:
     source = f", made by {made[0].op}" if made else ""
     kind = "0/0 = NaN" if case.first.value == "nan" else "x/0 = inf"
     sentence = (
-        f"{case.first.op}{where(case)} divided by {denominator.zeros} exact zero(s) in its "
-        f"denominator{source}: {kind}"
+        f"{case.first.op}{where(case)} divided by {plural(denominator.zeros, 'exact zero')} in "
+        f"its denominator{source}: {kind}"
     )
     return Hit(0.85, [sentence])
 
 
-CAUSE = CauseUnit(INFO, rule=division_by_zero)
+CAUSE = CauseUnit(INFO, rule=division_by_zero, fixes=(GUARD_ORIGIN,))

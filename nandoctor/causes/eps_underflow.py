@@ -1,16 +1,18 @@
 """eps-underflow: an epsilon that is 0 in the training dtype (1e-8 in float16).
 
-In the forward, an `add`/`clamp` of a constant float16 rounds to 0 that still left zeros;
-in the optimizer, an `eps` of 0 or one the float16 parameters cannot hold. The what-if
-raises the optimizer's eps for a failure in the optimizer, and otherwise replays with the
-math patch that raises every epsilon the dtype rounds to 0.
+In the forward, an `add`/`clamp` of a constant the dtype it was added in rounds to 0, which
+still left zeros; in the optimizer, an `eps` of 0 or one the parameters' dtype cannot hold.
+The what-if raises the optimizer's eps for a failure in the optimizer, and otherwise
+replays with the math patch that raises every epsilon the dtype rounds to 0, or, when that
+patch finds no such epsilon to raise, with the origin op guarded.
 """
 
 from __future__ import annotations
 
-from nandoctor.causes.case import FLOAT16_ROUNDS_TO_ZERO, Case, op_base
-from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
-from nandoctor.causes.words import number_in
+from nandoctor.causes.case import SMALLEST, Case, op_base, rounds_to_zero
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import number_in, plural
+from nandoctor.report.evidence import Producer
 
 ID = "eps-underflow"
 
@@ -45,24 +47,39 @@ INFO = entry(
 
 
 def eps_underflow(case: Case) -> Hit | None:
+    """An epsilon that rounds to 0 in the dtype it was added in, seen as a plain-number
+    argument of an op that made the origin's inputs; or an optimizer eps the parameters'
+    dtype cannot hold. The mechanism itself, so it outranks the log or division it broke."""
     if case.first.phase == "optimizer":
         return _optimizer_eps(case)
-    if case.first.dtype != "float16" or case.zeros_in_inputs == 0:
+    if case.zeros_in_inputs == 0:
         return None
     for p in case.evidence.producers:
-        tiny = [s for s in p.scalars if 0 < abs(number_in(s)) < FLOAT16_ROUNDS_TO_ZERO]
-        if tiny and op_base(p.op) in ("add", "clamp", "clamp_min", "maximum"):
-            return Hit(
-                0.9,
-                [
-                    (
-                        f"{p.op} at {p.source} added {tiny[0].split('=')[-1]}, which is 0 in "
-                        f"float16 (smallest value ~6e-8), so {case.first.op} still met "
-                        f"{case.zeros_in_inputs} exact zero(s)"
-                    )
-                ],
+        if op_base(p.op) not in GUARDS:
+            continue
+        dtype = _dtype_added_in(case, p)
+        tiny = [s for s in p.scalars if rounds_to_zero(number_in(s), dtype)]
+        if tiny:
+            zeros = plural(case.zeros_in_inputs, "exact zero")
+            sentence = (
+                f"{p.op} at {p.source} added {tiny[0].split('=')[-1]}, which is 0 in {dtype} "
+                f"(smallest value ~{SMALLEST[str(dtype)]:.2g}), so {case.first.op} still met "
+                f"{zeros}"
             )
+            return Hit(0.95, [sentence])
     return None
+
+
+GUARDS = frozenset({"add", "clamp", "clamp_min", "maximum", "clip"})  # ops an epsilon rides
+
+
+def _dtype_added_in(case: Case, p: Producer) -> str | None:
+    """The dtype the producer computed in: that of the origin's input it made (depth 1),
+    or of the origin's inputs that held the zeros (deeper), else the origin's own."""
+    if p.depth == 1 and (fed := case.input(p.feeds)) is not None:
+        return fed.dtype
+    zeroed = [i.dtype for i in case.evidence.inputs if i.zeros]
+    return zeroed[0] if zeroed else case.first.dtype
 
 
 def _optimizer_eps(case: Case) -> Hit | None:
@@ -79,14 +96,15 @@ def _optimizer_eps(case: Case) -> Hit | None:
                 )
             ],
         )
-    if dtype == "float16" and eps < FLOAT16_ROUNDS_TO_ZERO:
-        return Hit(0.9, [f"the optimizer's eps={eps:g} is 0 in the float16 parameters' dtype"])
+    if rounds_to_zero(eps, dtype):
+        return Hit(0.95, [f"the optimizer's eps={eps:g} is 0 in the {dtype} parameters' dtype"])
     return None
 
 
 FIXES = (
     Fix(change=Change.OPTIMIZER_EPS, phases=frozenset({"optimizer"})),
     Fix(patch=True),
+    GUARD_ORIGIN,
 )
 
 CAUSE = CauseUnit(INFO, rule=eps_underflow, fixes=FIXES)

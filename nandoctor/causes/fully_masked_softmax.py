@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from nandoctor.causes.case import Case
 from nandoctor.causes.unit import CauseUnit, Fix, Hit, entry
-from nandoctor.causes.words import SOFTMAXES, where
+from nandoctor.causes.words import SOFTMAXES, plural, values, where
 
 ID = "fully-masked-softmax"
 
@@ -46,8 +46,8 @@ def fully_masked_softmax(case: Case) -> Hit | None:
         return None
     confidence = 0.92 if case.op in SOFTMAXES else 0.7
     sentence = (
-        f"{case.first.op}{where(case)} received {masked} -inf value(s) and made "
-        f"{case.first.count_nonfinite} NaN: a row that is entirely -inf gives "
+        f"{case.first.op}{where(case)} received {plural(masked, '-inf value')} and made "
+        f"{values(case.first.count_nonfinite, 'nan')}: a row that is entirely -inf gives "
         "exp(-inf)/sum = 0/0"
     )
     return Hit(confidence, [sentence])

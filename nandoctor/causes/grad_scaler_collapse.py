@@ -1,15 +1,19 @@
 """grad-scaler-collapse: a streak of overflow skips drove the GradScaler's loss scale toward 0.
 
-The facts carry the streak (`collapsed`, and the sentence that says so); an overflow in
-backward at that scale makes it likelier that the gradients truly exceed float16.
-Nothing to replay: the collapse is a symptom of what makes every step non-finite.
+The facts say the failure was a collapse; the sentence about the streak is written from
+the telemetry (its skip events and the scale it shows), so it quotes the same numbers as
+the report's curves. An overflow in backward at that scale makes it likelier that the
+gradients truly exceed float16. The what-ifs follow the fix's two branches: guard the op
+that went non-finite (an overflowing op runs in float32): if the streak was that op's
+doing, the scale stops collapsing; if the gradients overflow float16 wherever they flow,
+that is not enough, and bfloat16 (the catalog's other remedy) is replayed next.
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
-from nandoctor.causes.words import OVERFLOWED, where
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import OVERFLOWED, plural, where
 
 ID = "grad-scaler-collapse"
 
@@ -48,7 +52,7 @@ INFO = entry(
 def grad_scaler_collapse(case: Case) -> Hit | None:
     if not case.facts.collapsed:
         return None
-    evidence = [case.facts.collapse_why]
+    evidence = [_streak(case)]
     overflow = case.first.value in OVERFLOWED and case.first.phase == "backward"
     if overflow:
         evidence.append(
@@ -58,4 +62,19 @@ def grad_scaler_collapse(case: Case) -> Hit | None:
     return Hit(0.88 if overflow else 0.6, evidence)
 
 
-CAUSE = CauseUnit(INFO, rule=grad_scaler_collapse)
+def _streak(case: Case) -> str:
+    """The streak in the telemetry's numbers; the sentinel's sentence when it has none."""
+    t = case.trends
+    if not t.final_streak:
+        return case.facts.collapse_why
+    first, last = t.final_scales
+    scale = f"; the loss scale went from {first:g} to {last:g}" if first and last else ""
+    return (
+        f"the GradScaler skipped {plural(t.final_streak, 'step')} in a row from step "
+        f"{t.final_streak_start}{scale}"
+    )
+
+
+FIXES = (GUARD_ORIGIN, Fix(change=Change.BFLOAT16))
+
+CAUSE = CauseUnit(INFO, rule=grad_scaler_collapse, fixes=FIXES)

@@ -1,14 +1,15 @@
 """invalid-domain: log or sqrt of a negative number, acos or asin beyond [-1, 1], log1p below -1.
 
 The rule wants the op to have made the NaN itself (no NaN among its inputs) from an input
-outside its domain. Nothing to replay: the clamp or the stable formula is the user's.
+outside its domain. The what-if guards the op at that line: its input clamped into the
+domain (to the smallest normal number for log and sqrt, inside (-1, 1) for acos/asin).
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
-from nandoctor.causes.words import LOGS, ROOTS, num, where
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Hit, entry
+from nandoctor.causes.words import LOGS, ROOTS, num, plural, where
 
 ID = "invalid-domain"
 
@@ -44,14 +45,9 @@ def invalid_domain(case: Case) -> Hit | None:
     if x is None:
         return None
     if case.op in LOGS | ROOTS and x.negatives > 0 and x.min < 0:
+        negatives = plural(x.negatives, "negative value")
         return Hit(
-            0.92,
-            [
-                (
-                    f"{case.first.op}{where(case)} received {x.negatives} negative value(s) (min "
-                    f"{num(x.min)}): NaN"
-                )
-            ],
+            0.92, [f"{case.first.op}{where(case)} received {negatives} (min {num(x.min)}): NaN"]
         )
     if case.op in ("acos", "asin") and x.absmax > 1:
         return Hit(
@@ -70,4 +66,4 @@ def invalid_domain(case: Case) -> Hit | None:
     return None
 
 
-CAUSE = CauseUnit(INFO, rule=invalid_domain)
+CAUSE = CauseUnit(INFO, rule=invalid_domain, fixes=(GUARD_ORIGIN,))

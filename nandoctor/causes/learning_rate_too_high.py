@@ -1,14 +1,21 @@
 """learning-rate-too-high: updates too large for the weights; the loss diverged first (or with
-the gradients), or the last update moved the weights by a large fraction of their norm.
+the gradients) for more than a few steps, a scheduler multiplied the rate just before the
+failure, or the last update moved the weights by a large fraction of their norm.
 
-The what-if replays the run with a learning rate 10x smaller.
+The evidence and the fix quote the learning rate *in effect* at the failing step (a
+scheduler's, not the config's), and the scheduler's jump that produced it. The what-if
+replays the run with a learning rate 10x smaller (the config's, so every scheduled rate
+is 10x smaller too).
 """
 
 from __future__ import annotations
 
-from nandoctor.causes.case import Case
+import math
+
+from nandoctor.causes.case import Case, LrJump
 from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
-from nandoctor.causes.words import num
+from nandoctor.causes.words import num, plural
+from nandoctor.report.evidence import UpdateRatio
 
 ID = "learning-rate-too-high"
 
@@ -23,49 +30,136 @@ INFO = entry(
     tens or hundreds of steps before it.
     """,
     fix="""
-    Lower the learning rate (10x smaller is a good first test) or warm it up over the first
-    steps: smaller updates keep the update-to-weight ratio near 1e-3, where training
-    converges instead of diverging.
+    Lower the learning rate in effect when it diverged (10x smaller is a good first test;
+    with a scheduler, the rate it had reached, not the config's) or warm it up over the
+    first steps: smaller updates keep the update-to-weight ratio near 1e-3, where training
+    converges instead of diverging. A report quotes the rate in effect and the 10x smaller
+    one.
     """,
     before="""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr)  # the rate that diverged
     """,
     after="""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr / 10)
     warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=1000)
     """,
 )
 
 
+MIN_RISE_STEPS = 5  # a loss rise counts when it lasted this many steps: more than a blip
+JUMP = 10.0  # a scheduler that multiplied the rate this much in one step...
+RECENT = 50  # ...within this many steps before the failure is evidence on its own
+
+
 def learning_rate_too_high(case: Case) -> Hit | None:
-    """The loss diverged first (or with the gradients), or the updates were far too large."""
-    t, update = case.trends, case.evidence.update
-    evidence, confidence = [], 0.0
-    if t.loss_onset is not None and (t.grad_onset is None or t.loss_onset <= t.grad_onset):
+    """The loss diverged first (or with the gradients) for several steps, the rate jumped
+    just before the failure, or the updates were far too large."""
+    evidence: list[str] = []
+    confidence = _loss_rise(case, evidence)
+    if (jump := _recent_jump(case)) is not None:
         evidence.append(
-            f"the loss diverged from step {t.loss_onset}: from its best {num(t.loss_min)} "
-            f"(step {t.loss_min_step}) up to {num(t.loss_last)}, before or with the gradients"
+            f"{_scheduler(case)} multiplied the learning rate {jump.factor:.3g}x at step "
+            f"{jump.step}, from {jump.before:g} to {jump.after:g}, "
+            f"{plural(case.first.step - jump.step, 'step')} before the failure"
         )
-        confidence = 0.85
-    elif (t.loss_rise or 0) >= 2 and (t.loss_late_slope or 0) > 0:
-        evidence.append(
-            f"the loss climbed from its best {num(t.loss_min)} (step {t.loss_min_step}) back "
-            f"up to {num(t.loss_last)} before the failure"
-        )
-        confidence = 0.5
+        confidence = max(confidence, 0.8)
+    update = case.evidence.update
     if update is not None and update.ratio >= 0.03:
-        evidence.append(
-            f"step {update.step}, the last update before the failure, moved the weights by "
-            f"{update.ratio:.1%} of their norm ({update.largest:.1%} for "
-            f"{update.largest_param}); about 0.1% is typical"
-        )
+        evidence.append(_update(update))
         confidence = (
             min(0.95, confidence + 0.1) if confidence else (0.5 if update.ratio >= 0.1 else 0.35)
         )
     if not evidence:
         return None
-    lr = f" (lr={case.facts.lr:g})" if case.facts.lr else ""
-    return Hit(confidence, [*evidence, f"the optimizer is {case.facts.optimizer}{lr}"])
+    return Hit(confidence, [*evidence, _rate(case, told=jump is not None)], fix=_fix(case))
+
+
+def _loss_rise(case: Case, evidence: list[str]) -> float:
+    """0.85 when the loss diverged before or with the gradients, 0.5 when it climbed back
+    from its best; a rise of fewer than MIN_RISE_STEPS steps is not counted (a loss that
+    jumps for the last two or three steps is the failure arriving, whatever its cause)."""
+    t, failing = case.trends, case.first.step
+    onset = t.loss_onset
+    led = onset is not None and (t.grad_onset is None or onset <= t.grad_onset)
+    if onset is not None and led and failing - onset >= MIN_RISE_STEPS:
+        evidence.append(
+            f"the loss diverged from step {onset}: from its best {num(t.loss_min)} "
+            f"(step {t.loss_min_step}) up to {num(t.loss_last)}, before or with the gradients"
+        )
+        return 0.85
+    climbed_for = failing - t.loss_min_step if t.loss_min_step is not None else 0
+    rising = (t.loss_rise or 0) >= 2 and (t.loss_late_slope or 0) > 0
+    if rising and climbed_for >= MIN_RISE_STEPS:
+        evidence.append(
+            f"the loss climbed from its best {num(t.loss_min)} (step {t.loss_min_step}) back "
+            f"up to {num(t.loss_last)} over the {climbed_for} steps before the failure"
+        )
+        return 0.5
+    return 0.0
+
+
+def _update(update: UpdateRatio) -> str:
+    last = f"step {update.step}, the last update before the failure,"
+    if not math.isfinite(update.ratio):
+        return f"{last} overflowed the weights ({update.largest_param} among them)"
+    return (
+        f"{last} moved the weights by {update.ratio:.1%} of their norm ({update.largest:.1%} "
+        f"for {update.largest_param}); about 0.1% is typical"
+    )
+
+
+def _recent_jump(case: Case) -> LrJump | None:
+    jump = case.facts.lr_jump
+    if jump is None or jump.factor < JUMP or jump.step > case.first.step:
+        return None
+    return jump if case.first.step - jump.step <= RECENT else None
+
+
+def _scheduler(case: Case) -> str:
+    name = case.facts.scheduler
+    return f"the scheduler ({name})" if name else "the scheduler"
+
+
+def _rate(case: Case, told: bool) -> str:
+    """The optimizer and the rate in effect at the failing step, with where it came from
+    when a scheduler had moved it from the rate the run started with (unless `told`)."""
+    f = case.facts
+    if f.lr is None:
+        return f"the optimizer is {f.optimizer}"
+    moved = f.lr_start is not None and abs(f.lr - f.lr_start) > 1e-9 * f.lr_start
+    if not moved or f.lr_start is None:
+        return f"the optimizer is {f.optimizer} (lr={f.lr:g})"
+    at = f"lr={f.lr:g} in effect at step {case.first.step}"
+    if told:
+        return f"the optimizer is {f.optimizer}, at {at}"
+    jump = f.lr_jump
+    how = (
+        f"; {_scheduler(case)} took it there from {f.lr_start:g}, jumping {jump.factor:.3g}x "
+        f"at step {jump.step}"
+        if jump is not None and jump.factor >= 2
+        else f"; {_scheduler(case)} moved it there from {f.lr_start:g}"
+    )
+    return f"the optimizer is {f.optimizer}, at {at}{how}"
+
+
+def _fix(case: Case) -> str | None:
+    """The fix sentence with this run's numbers: from the rate in effect to 10x lower."""
+    f = case.facts
+    if f.lr is None:
+        return None
+    step, lower = case.first.step, f.lr / 10
+    jump = _recent_jump(case)
+    cap = (
+        f", and bound the scheduler: its {jump.factor:.3g}x jump at step {jump.step} made that rate"
+        if jump is not None
+        else ""
+    )
+    return (
+        f"Lower the learning rate 10x, from the {f.lr:g} in effect at step {step} to "
+        f"{lower:g} (`lr={f.lr:g}` -> `lr={lower:g}`){cap}; or warm it up over the first "
+        "steps: smaller updates keep the update-to-weight ratio near 1e-3, where training "
+        "converges instead of diverging."
+    )
 
 
 FIXES = (Fix(change=Change.SMALLER_LR),)

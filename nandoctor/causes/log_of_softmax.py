@@ -1,14 +1,15 @@
 """log-of-softmax: a log taken of a softmax probability that underflowed to exactly 0.
 
 The rule wants a log that met exact zeros made by a softmax or sigmoid; the what-if replays
-the run with `log(softmax(x))` rewritten to `log_softmax(x)` by the math patch.
+the run with `log(softmax(x))` rewritten to `log_softmax(x)` by the math patch, or, where
+there is no such pair to rewrite (`log(sigmoid(x))`), with the log at that line guarded.
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Fix, Hit, entry
-from nandoctor.causes.words import LOGS, PROBABILITIES
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Fix, Hit, entry
+from nandoctor.causes.words import LOGS, PROBABILITIES, plural
 
 ID = "log-of-softmax"
 
@@ -48,12 +49,14 @@ def log_of_softmax(case: Case) -> Hit | None:
         return None
     zeros = case.zeros_in_inputs
     at = f" at {producer.source}" if producer.source else ""
-    evidence = [f"{case.first.op} received {zeros} exact zero(s) produced by {producer.op}{at}"]
+    evidence = [
+        f"{case.first.op} received {plural(zeros, 'exact zero')} produced by {producer.op}{at}"
+    ]
     if case.first.dtype == "float16":
         evidence.append("in float16 a probability below ~6e-8 rounds to exactly 0; log(0) = -inf")
     return Hit(0.93, evidence)
 
 
-FIXES = (Fix(patch=True),)
+FIXES = (Fix(patch=True), GUARD_ORIGIN)
 
 CAUSE = CauseUnit(INFO, rule=log_of_softmax, fixes=FIXES)

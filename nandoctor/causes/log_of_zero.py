@@ -1,14 +1,16 @@
 """log-of-zero: a log, reciprocal or rsqrt that met an exact zero no softmax produced.
 
-Nothing to replay: the zero comes from the user's math (a ReLU, a mask, padding), and
-which of the stable rewrites fits is the user's call.
+The zero comes from the user's math (a ReLU, a mask, padding), and which of the stable
+rewrites fits is the user's call; the what-if guards the op at that line (its input
+clamped to the dtype's smallest normal number, a reciprocal's moved away from 0) to show
+whether that zero is the whole story.
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
-from nandoctor.causes.words import LOGS, PROBABILITIES, where
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Hit, entry
+from nandoctor.causes.words import LOGS, PROBABILITIES, plural, where
 
 ID = "log-of-zero"
 
@@ -44,10 +46,10 @@ def log_of_zero(case: Case) -> Hit | None:
     made = case.producers(1)
     origin = f" (made by {made[0].op})" if made else ""
     sentence = (
-        f"{case.first.op}{where(case)} met {case.zeros_in_inputs} exact zero(s){origin}: "
+        f"{case.first.op}{where(case)} met {plural(case.zeros_in_inputs, 'exact zero')}{origin}: "
         f"the result is {case.first.value}"
     )
     return Hit(0.85, [sentence])
 
 
-CAUSE = CauseUnit(INFO, rule=log_of_zero)
+CAUSE = CauseUnit(INFO, rule=log_of_zero, fixes=(GUARD_ORIGIN,))

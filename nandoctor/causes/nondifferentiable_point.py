@@ -1,14 +1,16 @@
 """nondifferentiable-point: a backward at a point where the derivative is infinite (sqrt or a
 norm at 0, acos at 1), though the forward value there is finite.
 
-Nothing to replay: keeping the argument off the point is a change to the user's code.
+The what-if guards the forward op whose backward failed, at its line: its input kept off
+the singular point (sqrt's clamped to the smallest normal number, acos's inside (-1, 1)),
+so that the backward never multiplies an infinite derivative by 0.
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
-from nandoctor.causes.words import STEEP_AT_A_POINT, where
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Hit, entry
+from nandoctor.causes.words import STEEP_AT_A_POINT, plural, where
 
 ID = "nondifferentiable-point"
 
@@ -42,7 +44,7 @@ def nondifferentiable_point(case: Case) -> Hit | None:
     if case.first.phase != "backward" or case.backward_of not in STEEP_AT_A_POINT:
         return None
     zeros = case.zeros_in_inputs
-    detail = f" (its backward met {zeros} exact zero(s))" if zeros else ""
+    detail = f" (its backward met {plural(zeros, 'exact zero')})" if zeros else ""
     sentence = (
         f"the backward of {case.evidence.backward_of}{where(case)} made "
         f"{case.first.value}{detail}: its derivative is infinite where the forward input "
@@ -51,4 +53,4 @@ def nondifferentiable_point(case: Case) -> Hit | None:
     return Hit(0.9, [sentence])
 
 
-CAUSE = CauseUnit(INFO, rule=nondifferentiable_point)
+CAUSE = CauseUnit(INFO, rule=nondifferentiable_point, fixes=(GUARD_ORIGIN,))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from nandoctor.causes.case import Case
 from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import values
 
 ID = "nonfinite-input"
 
@@ -44,10 +45,10 @@ def nonfinite_input(case: Case) -> Hit | None:
     f = case.first
     if f.phase != "input":
         return None
-    sentence = (
-        f"the batch of step {f.step} held {f.count_nonfinite} {f.value} value(s) in "
-        f"{f.tensor} ({f.dtype} {f.shape}) before any op ran"
-    )
+    tensor = f" in {f.tensor}" if f.tensor else ""
+    form = f" ({f.dtype} {f.shape})" if f.dtype and f.shape is not None else ""
+    held = values(f.count_nonfinite, f.value)
+    sentence = f"the batch of step {f.step} held {held}{tensor}{form} before any op ran"
     return Hit(0.99, [sentence])
 
 

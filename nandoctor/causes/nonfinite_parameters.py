@@ -1,13 +1,17 @@
 """nonfinite-parameters: the weights were non-finite before the step began.
 
-Named by the phase alone; a checkpoint the run started from makes it near certain.
-Nothing to replay: the weights are broken before nandoctor's first step.
+Named by the phase alone; a checkpoint the run started from makes it near certain. The
+what-if replays the run with the non-finite entries of the loaded weights (and optimizer
+state) zeroed, to show whether that corruption is the only problem: the run then either
+trains, or stays finite without learning (every weight of a layer was lost), or fails
+for another reason.
 """
 
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
+from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
+from nandoctor.causes.words import values
 
 ID = "nonfinite-parameters"
 
@@ -42,12 +46,13 @@ def nonfinite_parameters(case: Case) -> Hit | None:
     f = case.first
     if f.phase != "parameters":
         return None
-    evidence = [
-        f"{f.tensor} held {f.count_nonfinite} {f.value} value(s) before step {f.step} began"
-    ]
+    tensor = f.tensor or "the parameters"
+    evidence = [f"{tensor} held {values(f.count_nonfinite, f.value)} before step {f.step} began"]
     if case.facts.checkpoint and f.step == case.facts.start_step:
         evidence.append(f"the weights were loaded from the checkpoint {case.facts.checkpoint}")
     return Hit(0.99 if len(evidence) > 1 else 0.95, evidence)
 
 
-CAUSE = CauseUnit(INFO, rule=nonfinite_parameters)
+FIXES = (Fix(change=Change.ZERO_NONFINITE_WEIGHTS),)
+
+CAUSE = CauseUnit(INFO, rule=nonfinite_parameters, fixes=FIXES)

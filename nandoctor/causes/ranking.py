@@ -1,15 +1,46 @@
-"""`rank`: run every rule on a case and order the causes that hold, best first.
+"""`rank`: run every rule on a case and order the causes that hold, best first; `rerank`:
+order them again once their fixes were replayed.
 
 Several causes can hold at once (a softmax that underflowed in a run whose gradients grew);
 the report lists them all with their confidence and evidence, and the what-if engine then
-replays the fixes of each. Ties keep the order of `index.CAUSES`.
+replays the fixes of each. A replay is stronger evidence than a rule's reading of the
+telemetry, so after the replays the order is, deterministically:
+
+1. causes whose fix held (the run got past the failing step and kept learning) and causes
+   with no replay, by confidence;
+2. causes whose fix kept the run finite but stopped it learning, their confidence x 0.8;
+3. causes whose fix was refuted (the run still went non-finite), their confidence x 0.5.
+
+A cause whose fix held therefore always outranks one whose fix was refuted. Ties keep the
+order of `index.CAUSES`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from enum import Enum
+
 from nandoctor.causes.case import Case
 from nandoctor.causes.index import CATALOG, RULES
 from nandoctor.report.types import Cause
+
+
+class Replay(str, Enum):
+    """What replaying a cause's fix showed."""
+
+    HELD = "held"  # finite past the failing step, and still learning
+    STOPPED_LEARNING = "stopped-learning"  # finite, but the loss stalled or diverged
+    REFUTED = "refuted"  # still went non-finite
+    NOT_REPLAYED = "not-replayed"  # no fix to apply, nothing rewritten, or no time left
+
+
+# (tier, factor on the confidence): the tier orders, the factor shows it in the number
+_STANDING = {
+    Replay.HELD: (0, 1.0),
+    Replay.NOT_REPLAYED: (0, 1.0),
+    Replay.STOPPED_LEARNING: (1, 0.8),
+    Replay.REFUTED: (2, 0.5),
+}
 
 
 def rank(case: Case) -> list[Cause]:
@@ -19,7 +50,17 @@ def rank(case: Case) -> list[Cause]:
         hit = fn(case)
         if hit is not None:
             info = CATALOG[cause_id]
-            causes.append(
-                Cause(cause_id, info.title, round(hit.confidence, 2), hit.evidence, info.fix)
-            )
+            fix = hit.fix or info.fix
+            causes.append(Cause(cause_id, info.title, round(hit.confidence, 2), hit.evidence, fix))
     return sorted(causes, key=lambda c: -c.confidence)
+
+
+def rerank(replayed: list[tuple[Cause, Replay]]) -> list[Cause]:
+    """The causes in the order their replays put them (see the module's docstring), each
+    with its confidence lowered when its fix was refuted or stopped the run learning."""
+    standing = []
+    for index, (cause, replay) in enumerate(replayed):
+        tier, factor = _STANDING[replay]
+        lowered = dataclasses.replace(cause, confidence=round(cause.confidence * factor, 2))
+        standing.append((tier, -lowered.confidence, index, lowered))
+    return [cause for *_, cause in sorted(standing, key=lambda s: s[:3])]

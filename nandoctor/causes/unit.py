@@ -49,10 +49,15 @@ def entry(id: str, title: str, explanation: str, fix: str, before: str, after: s
 
 @dataclass(frozen=True)
 class Hit:
-    """A rule's finding: how confident, and the observed facts that say so, as sentences."""
+    """A rule's finding: how confident, and the observed facts that say so, as sentences.
+
+    `fix`, when given, replaces the catalog's fix sentence in this report: a remedy that
+    quotes this run's numbers (the learning rate in effect, not the config's).
+    """
 
     confidence: float
     evidence: list[str]
+    fix: str | None = None
 
 
 Rule = Callable[[Case], Hit | None]
@@ -68,25 +73,32 @@ class Change(str, Enum):
     SMALLER_LR = "a 10x smaller learning rate"
     OPTIMIZER_EPS = "the optimizer's eps raised to what the parameters' dtype holds"
     SKIP_NONFINITE_BATCHES = "batches holding NaN or inf skipped"
+    ZERO_NONFINITE_WEIGHTS = "the non-finite entries of the loaded weights zeroed"
 
 
 @dataclass(frozen=True)
 class Fix:
-    """One what-if fix: a config change, the cause's math patch, or both.
+    """One what-if fix: a config change, the cause's math patch, or both; or the guard.
 
     `patch` means the patch registered under this cause's id in runtime/patches.py (a probe
-    that rewrites the math while the replay runs). `phases` limits the fix to failures first
-    seen in those phases; a cause lists its fixes in order and the first whose phases hold
-    is the one replayed.
+    that rewrites the math while the replay runs). `guard` means "guard the origin op": the
+    op the replay named, at the user's source line it named, made safe for the whole run
+    (runtime/patches.OriginGuardPatch). `phases` limits the fix to failures first seen in
+    those phases. A cause lists its fixes in order: those whose phases hold are replayed
+    one after the other until one holds (diagnose/verify.py), so a cheap or specific fix
+    comes first and a broader one after it.
     """
 
     change: Change | None = None
     patch: bool = False
+    guard: bool = False
     phases: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.change is None and not self.patch:
-            raise ValueError("a Fix changes the config, patches the math, or both")
+        if self.change is None and not self.patch and not self.guard:
+            raise ValueError("a Fix changes the config, patches the math, or guards the op")
+        if self.guard and (self.change is not None or self.patch):
+            raise ValueError("the guard of the origin op is a fix on its own")
 
     def holds_in(self, phase: str) -> bool:
         return self.phases is None or phase in self.phases
@@ -98,6 +110,14 @@ FixPlan = tuple[Fix, ...]
 def fix_for(fixes: FixPlan, phase: str) -> Fix | None:
     """The fix to replay for a failure first seen in `phase`: the first whose phases hold."""
     return next((f for f in fixes if f.holds_in(phase)), None)
+
+
+def fixes_for(fixes: FixPlan, phase: str) -> list[Fix]:
+    """Every fix that may be replayed for a failure first seen in `phase`, in order."""
+    return [f for f in fixes if f.holds_in(phase)]
+
+
+GUARD_ORIGIN = Fix(guard=True)  # the fix plan's entry for "guard the origin op"
 
 
 @dataclass(frozen=True)

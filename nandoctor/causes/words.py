@@ -28,6 +28,24 @@ def num(x: float | None) -> str:
     return "?" if x is None else f"{x:.3g}"
 
 
+def plural(n: int | None, word: str, many: str | None = None) -> str:
+    """A count and its noun, agreeing: "1 step", "14 steps", "3 exact zeros"; "some steps"
+    when the count is unknown (a sentence never reads "None steps" or "1 steps")."""
+    if n is None:
+        return f"some {many or word + 's'}"
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+_VALUES = {"nan": "NaN", "inf": "inf", "-inf": "-inf", "mixed": "non-finite"}
+
+
+def values(n: int | None, value: str | None) -> str:
+    """What a tensor held, in the words of the report's `value` field: "1 NaN value",
+    "192 non-finite values", or "non-finite values" when the replay did not count them."""
+    kind = _VALUES.get(value or "", "non-finite")
+    return plural(n, f"{kind} value") if n is not None else f"{kind} values"
+
+
 def number_in(scalar: str) -> float:
     """The number of a scalar argument as the tracer wrote it: "other=1e-08" -> 1e-08."""
     try:

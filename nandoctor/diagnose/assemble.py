@@ -73,6 +73,7 @@ def assemble(findings: Findings) -> Report:
         events=f.result.events,
         telemetry=f.result.telemetry,
         evidence=evidence_of(f.located),
+        transients=f.located.transients if f.located is not None else [],
         health=f.health,
         gate=f.gate,
         ranks=_ranks(f),
@@ -154,6 +155,7 @@ def _first_of(step: int, found: Finding) -> FirstNonfinite:
         count_nonfinite=found.count,
         source=found.source,
         reproduced=True,
+        frames=found.frames,
     )
 
 

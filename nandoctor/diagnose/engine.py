@@ -19,6 +19,7 @@ from nandoctor.diagnose import verify as whatif
 from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import case_of
 from nandoctor.diagnose.facts import environment_of, facts_of
+from nandoctor.diagnose.lr_history import LrHistory
 from nandoctor.diagnose.summary import (
     NOT_VERIFIED_ON_RANKS,
     REPLAY_INTERRUPTED,
@@ -29,12 +30,13 @@ from nandoctor.errors import UsageError
 from nandoctor.gate.baseline import Baseline
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
-from nandoctor.localize.steps import SessionSteps
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
 from nandoctor.report.types import Report
 from nandoctor.runtime.fast_run import StepCallback, fast_run
 from nandoctor.runtime.headroom import HeadroomProbe
+from nandoctor.runtime.probe import Probes
+from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.setup.load import LoadedConfig
@@ -72,13 +74,14 @@ def diagnose(
         on_session(session)
     store = SnapshotStore(session, every=loaded.config.snapshot.steps)
     headroom = HeadroomProbe(session.model) if _measures(options) else None
+    lrs = LrHistory()  # the rate each step ran with, for learning-rate-too-high
     deadline = time.perf_counter() + options.time_budget if options.time_budget else None
     result = fast_run(
         session,
         loaded.config.steps,
         on_step=on_step,
         store=store,
-        probe=headroom,
+        probe=Probes(lrs, *([headroom] if headroom is not None else [])),
         deadline=deadline,
     )
     findings = Findings(
@@ -102,7 +105,7 @@ def diagnose(
         findings.health = health_of(result.telemetry, result.events, headroom.peaks())
         if options.gate:
             findings.gate = _gate_of(findings, options)
-    _causes(findings, loaded, session, options)
+    _causes(findings, loaded, session, options, lrs)
     if session.ranks is not None:
         session.ranks.leave()
     return assemble(findings)
@@ -152,12 +155,18 @@ def _gate_of(findings: Findings, options: DiagnoseOptions) -> Gate | None:
 
 
 def _causes(
-    findings: Findings, loaded: LoadedConfig, session: Session, options: DiagnoseOptions
+    findings: Findings,
+    loaded: LoadedConfig,
+    session: Session,
+    options: DiagnoseOptions,
+    lrs: LrHistory,
 ) -> None:
     """The causes of a failure, ranked by the rules, then verified by replaying their
-    fixes within the budget (not in a distributed run: one process replays them)."""
+    fixes within the budget and ranked again by what the replays showed (not in a
+    distributed run: one process replays them)."""
     result = findings.result
-    case = case_of(result, findings.located, facts_of(session, result, session.config.checkpoint))
+    facts = facts_of(session, result, session.config.checkpoint, lrs)
+    case = case_of(result, findings.located, facts)
     if case is None:
         return
     findings.causes = ranked = rank(case)
@@ -169,7 +178,7 @@ def _causes(
     started = time.perf_counter()
     try:
         deadline = started + options.verify_budget
-        findings.causes = [whatif.verify(c, case, loaded, deadline) for c in ranked]
+        findings.causes = whatif.verify_all(ranked, case, loaded, deadline)
     except KeyboardInterrupt:
         findings.interrupted = VERIFY_INTERRUPTED
     findings.verify_seconds = time.perf_counter() - started

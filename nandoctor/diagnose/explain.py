@@ -10,6 +10,7 @@ from __future__ import annotations
 from nandoctor.causes.case import Case, RunFacts
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose.assemble import evidence_of, first_nonfinite
+from nandoctor.diagnose.learning import reference_loss
 from nandoctor.localize.replay import Localization
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.trends import trends_of
@@ -24,7 +25,14 @@ def case_of(result: RunResult, located: Localization | None, facts: RunFacts) ->
     if first is None:
         return None
     evidence = evidence_of(located) or Evidence()
-    return Case(first, evidence, trends_of(result.telemetry, result.events), facts)
+    trends = trends_of(result.telemetry, result.events)
+    return Case(first, evidence, trends, facts, reference_loss(_losses_before(result, first.step)))
+
+
+def _losses_before(result: RunResult, step: int) -> list[float]:
+    """The original run's losses at the steps before the failing one."""
+    t = result.telemetry
+    return [loss for s, loss in zip(t.step, t.loss, strict=False) if s < step]
 
 
 def causes_of(

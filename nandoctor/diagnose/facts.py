@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from nandoctor.causes.case import RunFacts
+from nandoctor.causes.case import LrJump, RunFacts
+from nandoctor.diagnose.lr_history import LrHistory
 from nandoctor.report.types import Environment
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.state import TrainingObjects
@@ -25,32 +26,54 @@ def environment_of(objects: TrainingObjects) -> Environment:
 
 
 def facts_of(
-    objects: TrainingObjects, result: RunResult, checkpoint: str | None = None
+    objects: TrainingObjects,
+    result: RunResult,
+    checkpoint: str | None = None,
+    lrs: LrHistory | None = None,
 ) -> RunFacts:
     """The settings the rules read, as the run used them.
 
-    The learning rate and eps are the first param group's, the values the optimizer
-    stepped with (a scheduler changes them there, not in `defaults`); `checkpoint` is
-    the file a `diagnose` run resumed from, which the objects themselves do not know.
+    The learning rate is the one in effect at the failing step: read from `lrs` (the
+    probe that saw each step start) when the run had it, else the first param group's
+    now (a scheduler changes it there, not in `defaults`; then it may be a step late).
+    eps is the first param group's; `checkpoint` is the file a `diagnose` run resumed
+    from, which the objects themselves do not know.
     """
     optimizer = objects.optimizer
     group = optimizer.param_groups[0] if optimizer is not None else {}
     params = objects.params
     failure = result.failure
     collapsed = failure is not None and failure.collapsed
+    failing = failure.step if failure is not None else None
+    lr, lr_start, lr_jump = _rates(group, lrs, failing)
+    scheduler = objects.scheduler
     return RunFacts(
         dtype=_name(objects.dtype) or "float32",
         grad_scaler=objects.scaler is not None,
         clip_grad_norm=objects.clip_grad_norm,
         optimizer=type(optimizer).__name__ if optimizer is not None else "unknown",
-        lr=_number(group.get("lr")),
+        lr=lr,
         eps=_number(group.get("eps")),
         param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
         checkpoint=checkpoint,
         start_step=result.start_step,
         collapsed=collapsed,
         collapse_why=failure.why if collapsed and failure is not None else "",
+        lr_start=lr_start,
+        lr_jump=lr_jump,
+        scheduler=type(scheduler).__name__ if scheduler is not None else None,
     )
+
+
+def _rates(
+    group: dict, lrs: LrHistory | None, failing: int | None
+) -> tuple[float | None, float | None, LrJump | None]:
+    """(in effect at the failing step, at the start, the largest jump between): from the
+    history when the run kept one, else the param group's rate now and its `initial_lr`
+    (which torch's schedulers set)."""
+    if lrs is not None and lrs.changes and failing is not None:
+        return lrs.at(failing), lrs.start(), lrs.largest_jump(failing)
+    return _number(group.get("lr")), _number(group.get("initial_lr")), None
 
 
 def _name(dtype: torch.dtype | None) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from nandoctor.causes.words import plural, values
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
 from nandoctor.runtime.record import RunResult
@@ -24,10 +25,14 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     """One sentence: what happened. `status` is the report's (an interrupt may have ended
     the run); the sentence of a failure names the replay's phase, the precise one."""
     if result.status == "interrupted" or (status == "interrupted" and result.failure is None):
-        return f"interrupted after {result.steps_run} steps; no non-finite value seen before"
+        ran = plural(result.steps_run, "step")
+        return f"interrupted after {ran}; no non-finite value seen before"
     if result.status == "timeout":
-        return f"the time budget stopped the run after {result.steps_run} steps, all finite"
+        ran = plural(result.steps_run, "step")
+        return f"the time budget stopped the run after {ran}, all finite"
     if result.failure is None:
+        if result.steps_run == 1:
+            return "the run's one step stayed finite"
         return f"all {result.steps_run} steps stayed finite"
     f = result.failure
     found = located.finding if located is not None else None
@@ -36,9 +41,10 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     if found is None:
         return f"{head}: {f.why}"
     if found.op is None:
-        return f"{head}: {found.tensor} held {found.count} {found.value} value(s)"
+        return f"{head}: {found.tensor} held {values(found.count, found.value)}"
     sentence = _origin_sentence(found)
-    return f"{head}: {f.why}; {sentence}" if f.collapsed else f"{head}: {sentence}"
+    scaler = f.collapsed or f.hidden  # the verdict's words say what the scaler did
+    return f"{head}: {f.why}; {sentence}" if scaler else f"{head}: {sentence}"
 
 
 def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
@@ -50,7 +56,7 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
         notes.append(CPU_AUTOCAST_NOTE)
     if result.status == "timeout":
         notes.append(
-            f"time budget: stopped after {result.steps_run} of {steps} steps; "
+            f"time budget: stopped after {result.steps_run} of {plural(steps, 'step')}; "
             "the steps run are judged, the rest are not"
         )
     return notes
@@ -62,8 +68,9 @@ def replay_notes(located: Localization | None) -> list[str]:
         return []
     if located.reproduced:
         return [located.note] if located.note else []
+    seen = " reach the loss, a gradient or a weight" if located.transients else ""
     return [
-        f"the instrumented replay of step {located.step} saw no non-finite value: "
+        f"the instrumented replay of step {located.step} saw no non-finite value{seen}: "
         "the failure is nondeterministic or transient"
         + (f" ({located.note})" if located.note else "")
     ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from nandoctor.causes.index import CAUSES, FIXES, RULES
 from nandoctor.causes.unit import CauseInfo, FixPlan
 from nandoctor.lint.registry import all_checks
-from nandoctor.runtime.patches import PATCHES
+from nandoctor.runtime.patches import PATCHES, MathPatch, OriginGuardPatch
 
 HEADER = """\
 <!-- Generated from nandoctor/causes/ (one module per cause id) and the registries of rules,
@@ -70,7 +70,7 @@ def coverage() -> list[Coverage]:
                 title=unit.info.title,
                 rule=f"`{rule.__name__}`" if rule else None,
                 whatif=_fixes(FIXES[unit.id]) if unit.id in FIXES else None,
-                patch=f"`{patch.__name__}`: {patch.describe}" if patch else None,
+                patch=_patches(patch, FIXES.get(unit.id, ())),
                 lint=_lint(unit.id, check.severity, check.heuristic) if check else None,
             )
         )
@@ -78,14 +78,33 @@ def coverage() -> list[Coverage]:
 
 
 def _fixes(plan: FixPlan) -> str:
-    """ "a 10x smaller learning rate"; "in the optimizer phase: ...; otherwise: the math patch"."""
+    """ "a 10x smaller learning rate"; "in the optimizer phase: ...; then the math patch":
+    the fixes in the order they are replayed, each until one holds."""
     parts = []
     for i, fix in enumerate(plan):
         what = [fix.change.value] if fix.change is not None else []
         what += ["the math patch"] if fix.patch else []
+        what += [GUARD] if fix.guard else []
         when = f"in the {' or '.join(sorted(fix.phases))} phase: " if fix.phases else ""
-        parts.append((when or ("otherwise: " if i else "")) + " and ".join(what))
+        parts.append(("then " if i else "") + when + " and ".join(what))
     return "; ".join(parts)
+
+
+GUARD = "the origin op guarded"
+
+
+def _patches(patch: type[MathPatch] | None, plan: FixPlan) -> str | None:
+    """The cause's own math patch, and the guard of the origin op when its plan uses it."""
+    cells = [f"`{patch.__name__}`: {patch.describe}"] if patch else []
+    if any(fix.guard for fix in plan):
+        cells.append(f"`{OriginGuardPatch.__name__}`: {GUARD_WORDS}")
+    return "; ".join(cells) or None
+
+
+GUARD_WORDS = (
+    "the op the replay named, at its source line, made safe "
+    "([how](diagnosis.md#guarding-the-origin-op))"
+)
 
 
 def _lint(cause_id: str, severity: object, heuristic: bool) -> str:

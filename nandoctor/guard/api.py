@@ -14,9 +14,10 @@ Two ways to put it on, both stopping at the first bad step with `NonFiniteError`
 Both forms judge with `diagnose`'s own sentinel (`runtime.sentinel.Sentinel`, on the
 hooked run: `runtime.hooked.HookedRun`) and record its verdicts the same way
 (`runtime.record.Recorder`). `guard.step` can replay the bad step under the tracer with
-`diagnose`'s own localisation (the report names the op, module, tensor and source line);
-the `with` form cannot replay a loop it does not call, so its report names the step,
-the phase and the trends.
+`diagnose`'s own localisation (the report names the op, module, tensor and source line),
+and recheck each GradScaler skip at loss scale 1 (a NaN the scaler skipped is the
+failure, at its step); the `with` form cannot replay a loop it does not call, so its
+report names the step, the phase and the trends, and its skips are unchecked.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.errors import ExitCode, NandoctorError, UsageError
 from nandoctor.localize.replay import Localization, localize, localize_failure
-from nandoctor.localize.steps import KeptStep, KeptSteps, named_batch
 from nandoctor.report.types import Report
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import StepContext
+from nandoctor.runtime.recheck import ScaleOneRecheck
 from nandoctor.runtime.record import Recorder, RunResult
+from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
 from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
 
@@ -89,7 +91,7 @@ class Guard:
             model=model, device=device, scaler=enabled, scheduler=scheduler, start_step=start_step
         )
         self.run.note_optimizer(optimizer)
-        self.sentinel = Sentinel(self.run)
+        self.sentinel = Sentinel(self.run, recheck=self._recheck)
         self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
         self.recorder = Recorder(self.result)
         self.name = name if name is not None else (sys.argv[0] or "<python>")
@@ -125,6 +127,13 @@ class Guard:
         self._next = step + 1
         self._judge()
         return out
+
+    def _recheck(self, step: int) -> bool | None:
+        """A GradScaler skip, rerun at loss scale 1 through the kept steps (`guard.step`);
+        the `with` form keeps none, so its skips are unchecked."""
+        if self._store is None:
+            return None
+        return ScaleOneRecheck(self.run, self._store, KeptSteps(self.run))(step)
 
     def _snapshots(self) -> SnapshotStore:
         if self._store is None:

@@ -7,17 +7,21 @@ report of `diagnose`::
     trainer.fit(model, loader)      # raises nandoctor.NonFiniteError at the first bad step
 
 With `raise_error=False` the trainer stops gracefully at the end of that batch instead,
-and `callback.report` holds the report. The guard watches through hooks (Lightning runs
-the step, so nothing can replay it): the report names the step, the phase and what the
-telemetry says, not the tensor. Steps are numbered like `trainer.global_step`.
+`callback.report` holds the report, and one line on stderr says what happened and where
+the report is. `report_path` writes the report there as JSON, either way. The guard
+watches through hooks (Lightning runs the step, so nothing can replay it): the report
+names the step, the phase and what the telemetry says, not the tensor. Steps are
+numbered like `trainer.global_step`.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.integrations import MissingExtraError
+from nandoctor.integrations.notice import Handoff
 from nandoctor.report.types import Report
 
 try:  # NB: the unified package first; its Callback is not the standalone package's
@@ -30,10 +34,14 @@ except ImportError:
 
 
 class NandoctorCallback(pl.Callback):
-    def __init__(self, *, raise_error: bool = True) -> None:
+    def __init__(
+        self, *, raise_error: bool = True, report_path: str | os.PathLike[str] | None = None
+    ) -> None:
         self.raise_error = raise_error
+        self.report_path = report_path
         self.report: Report | None = None
         self._guard: Guard | None = None
+        self._handoff = Handoff(raise_error, report_path)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.optimizers:
@@ -45,7 +53,7 @@ class NandoctorCallback(pl.Callback):
             getattr(precision, "scaler", None),
             start_step=trainer.global_step,
             name=type(pl_module).__name__,
-            raise_error=self.raise_error,
+            raise_error=False,  # NB: the callback raises, once the report is handed over
         )
         for optimizer in trainer.optimizers[1:]:
             self._guard.run.note_optimizer(optimizer)
@@ -55,12 +63,15 @@ class NandoctorCallback(pl.Callback):
         if self._guard is not None and self._guard.report is not None:
             self.report = self._guard.report
             trainer.should_stop = True
+            self._handoff(self.report)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         guard, self._guard = self._guard, None
         if guard is not None:
             guard.close()
             self.report = self.report or guard.report
+        if self.report is not None:
+            self._handoff(self.report)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         if isinstance(exception, NonFiniteError):

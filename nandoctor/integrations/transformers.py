@@ -8,19 +8,22 @@ with the report of `diagnose`::
     trainer.train()                 # raises nandoctor.NonFiniteError at the first bad step
 
 With `raise_error=False` the trainer stops at the end of that step instead
-(`control.should_training_stop`), and `callback.report` holds the report. The guard
-watches through hooks (the Trainer runs the step, so nothing can replay it): the report
-names the step, the phase and what the telemetry says, not the tensor. Steps are
-numbered like `state.global_step`; the GradScaler of `fp16=True` is found when it
-scales the first loss.
+(`control.should_training_stop`), `callback.report` holds the report, and one line on
+stderr says what happened and where the report is. `report_path` writes the report there
+as JSON, either way. The guard watches through hooks (the Trainer runs the step, so
+nothing can replay it): the report names the step, the phase and what the telemetry
+says, not the tensor. Steps are numbered like `state.global_step`; the GradScaler of
+`fp16=True` is found when it scales the first loss.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from nandoctor.guard import Guard
 from nandoctor.integrations import MissingExtraError
+from nandoctor.integrations.notice import Handoff
 from nandoctor.report.types import Report
 
 try:
@@ -30,10 +33,14 @@ except ImportError:
 
 
 class NandoctorCallback(TrainerCallback):
-    def __init__(self, *, raise_error: bool = True) -> None:
+    def __init__(
+        self, *, raise_error: bool = True, report_path: str | os.PathLike[str] | None = None
+    ) -> None:
         self.raise_error = raise_error
+        self.report_path = report_path
         self.report: Report | None = None
         self._guard: Guard | None = None
+        self._handoff = Handoff(raise_error, report_path)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model, optimizer = kwargs.get("model"), kwargs.get("optimizer")
@@ -44,7 +51,7 @@ class NandoctorCallback(TrainerCallback):
             optimizer,
             start_step=state.global_step,
             name=type(model).__name__,
-            raise_error=self.raise_error,
+            raise_error=False,  # NB: the callback raises, once the report is handed over
         )
         self._guard.__enter__()
 
@@ -52,8 +59,16 @@ class NandoctorCallback(TrainerCallback):
         if self._guard is not None and self._guard.report is not None:
             self.report = self._guard.report
             control.should_training_stop = True
+            if self.raise_error:
+                self._detach()
+            self._handoff(self.report)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._detach()
+        if self.report is not None:
+            self._handoff(self.report)
+
+    def _detach(self) -> None:
         guard, self._guard = self._guard, None
         if guard is not None:
             guard.close()

@@ -1,19 +1,16 @@
 """What the tracer needs to know about one operator call: its tensors by argument name,
-which arguments it writes, where in the user's code it was issued, and its float32 twin.
+which arguments it writes, whether it is a view or leaves memory unwritten, and its
+float32 twin. Where it was issued is frames.py's.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import sys
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.report.evidence import Recompute
 
 _REDUCED = (torch.float16, torch.bfloat16)
@@ -35,6 +32,44 @@ def named_tensors(func: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, t
             for i, v in enumerate(value):
                 if isinstance(v, torch.Tensor):
                     yield f"{name}[{i}]", v
+
+
+# NB: these allocate and leave the memory as it was: whatever they "hold" is garbage
+_UNWRITTEN = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "new_empty",
+        "new_empty_strided",
+        "empty_strided",
+        "empty_permuted",
+        "resize_",
+        "resize_as_",
+        "_empty_affine_quantized",
+        "_empty_per_channel_affine_quantized",
+    }
+)
+# NB: in-place ops that write every element of `self` whatever it held before
+_OVERWRITES = frozenset(
+    {"copy_", "fill_", "zero_", "bernoulli_", "uniform_", "normal_", "random_", "exponential_"}
+)
+
+
+def leaves_unwritten(func: Any) -> bool:
+    """An op whose output is memory no one wrote yet: not a value, never checked."""
+    return func.namespace == "aten" and func.overloadpacket.__name__ in _UNWRITTEN
+
+
+def is_view(func: Any) -> bool:
+    """An op whose output shows its input's values (`view`, `t`, `expand`, `detach`)."""
+    return bool(getattr(func, "is_view", False))
+
+
+def overwrites(func: Any, name: str) -> bool:
+    """True when the op writes all of argument `name` without reading it first."""
+    return name.startswith("out") or (
+        name == "self" and func.overloadpacket.__name__ in _OVERWRITES
+    )
 
 
 def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
@@ -77,39 +112,6 @@ def _flat(values: list) -> Iterator[Any]:
             yield from _flat(list(v))
         else:
             yield v
-
-
-def user_source() -> str | None:
-    """`path:line` of the innermost frame in the user's code that issued the op.
-
-    The walk skips the probes' own frames (the modes) and torch's; it stops at any other
-    frame of nandoctor's (the loop that called into torch): an op the optimizer or the
-    scaler issued has no user line, whatever called nandoctor.
-    """
-    frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if is_user_file(filename):
-            return f"{_display_path(filename)}:{frame.f_lineno}"
-        if is_nandoctor_file(filename) and not _is_probe_file(filename):
-            return None
-        frame = frame.f_back
-    return None
-
-
-_PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _is_probe_file(filename: str) -> bool:
-    return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
-
-
-def _display_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:  # another drive on Windows
-        return filename
-    return filename if rel.startswith("..") else rel
 
 
 def recompute_float32(func: Any, args: tuple, kwargs: dict, index: int = 0) -> Recompute | None:

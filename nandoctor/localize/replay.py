@@ -5,12 +5,12 @@ the op, module, tensor and source line.
 steps in between plainly (measuring their updates), then runs the bad step with the
 tracer. Afterwards the training objects are put back exactly as they were (weights,
 optimizer, scaler, RNG): localisation leaves no trace. How a step is run again is the
-driver's (`localize.steps`: nandoctor's `run_step`, or the user's step a `Guard` kept).
+driver's (`runtime.rerun`: nandoctor's `run_step`, or the user's step a `Guard` kept).
 
 `localize_failure` holds what every driver does with a failure, `watch`'s rerun of a
-whole script included: replay a collapse at the scale the streak fell to, and when the
-replay meets weights that were already broken, trace the step before, whose update
-broke them.
+whole script included: replay a collapse at the scale the streak fell to, a failure the
+GradScaler hid at loss scale 1, and when the replay meets weights that were already
+broken, trace the step before, whose update broke them.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from nandoctor.errors import UserCodeError
-from nandoctor.localize.steps import StepRunner
 from nandoctor.localize.tracer import Finding, Tracer
 from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
+from nandoctor.report.types import Transient
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore, StateSnapshot
 from nandoctor.runtime.state import TrainingObjects, device_of
@@ -48,6 +49,7 @@ class Localization:
     from_step: int | None = None
     seconds: float = 0.0
     note: str | None = None
+    transients: list[Transient] = field(default_factory=list)  # healed on the way
 
     @property
     def reproduced(self) -> bool:
@@ -65,12 +67,14 @@ def localize_failure(
 
     After a collapse of the GradScaler's scale the step is replayed at the scale the
     streak fell to, so that the benign overflow of a large scale does not hide the value
-    that stays non-finite at any scale.
+    that stays non-finite at any scale; a failure the scaler hid, at loss scale 1, where
+    the tracer meets the math's own non-finite value, not an overflow of the scale
+    (`Verdict.replay_scale`).
     """
     step = failure.step
     if step is None:
         raise ValueError("a verdict that did not fail has no step to replay")
-    located = replay(step, failure.reading.scale if failure.collapsed else None)
+    located = replay(step, failure.replay_scale)
     found = located.finding
     if (
         found is not None
@@ -176,6 +180,8 @@ def set_loss_scale(objects: TrainingObjects, loss_scale: float | None) -> str | 
     if loss_scale is None or objects.scaler is None:
         return None
     amp.set_scale(objects.scaler, loss_scale, device_of(objects))
+    if loss_scale == 1.0:
+        return "replayed at loss scale 1, unscaled: no overflow of the scale hides the origin"
     return f"replayed at loss scale {loss_scale:g}, where the streak of skips ended"
 
 
@@ -192,7 +198,10 @@ def localization_of(
     if finding is not None:
         finding = replace(finding, evidence=replace(finding.evidence, update=update))
     seconds = time.perf_counter() - started
-    return Localization(step, finding, tracer.modules.stats(), from_step, seconds, note)
+    modules = tracer.modules.stats()
+    return Localization(
+        step, finding, modules, from_step, seconds, note, transients=tracer.transients
+    )
 
 
 __all__ = [

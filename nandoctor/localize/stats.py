@@ -51,7 +51,20 @@ def value_kind(stats: TensorStats) -> str:
 
 def nonfinite_kinds(t: torch.Tensor) -> tuple[bool, bool]:
     """(has NaN, has ±inf), read on the host."""
-    if not (t.is_floating_point() or t.is_complex()):
-        return False, False
-    flags = torch.stack([torch.isnan(t).any(), torch.isinf(t).any()]).tolist()
-    return bool(flags[0]), bool(flags[1])
+    return kinds_of([t])[0]
+
+
+def kinds_of(tensors: list[torch.Tensor]) -> list[tuple[bool, bool]]:
+    """(has NaN, has ±inf) of each tensor, in one read to the host."""
+    out = [(False, False)] * len(tensors)
+    floats = [i for i, t in enumerate(tensors) if t.is_floating_point() or t.is_complex()]
+    if not floats:
+        return out
+    device = tensors[floats[0]].device
+    flags = [
+        torch.stack([torch.isnan(tensors[i]).any(), torch.isinf(tensors[i]).any()]).to(device)
+        for i in floats
+    ]
+    for i, (nan, inf) in zip(floats, torch.stack(flags).tolist(), strict=True):
+        out[i] = (bool(nan), bool(inf))
+    return out

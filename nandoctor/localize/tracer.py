@@ -1,12 +1,14 @@
 """The tracer: the thorough probe, run only on the replayed bad step.
 
-It checks every operator's output (a `TorchDispatchMode`), in forward, loss, backward
-and the optimizer update, and keeps the first one that *created* a non-finite value:
-a NaN from inputs without NaN, or an inf from inputs without inf. An inf that was put
-there on purpose (`masked_fill(mask, -inf)`, a scalar argument) and merely carried along
-is not an origin; if nothing else is found, the first non-finite output of any kind is
-reported instead. For that op it keeps the evidence: its inputs' statistics, the ops that
-made them (one and two levels back), and the op rerun in float32.
+It checks every operator's output (a `TorchDispatchMode`, modes.py) in forward, loss,
+backward and the optimizer update, and follows each non-finite value through the ops
+(origins.py): an output inherits the origin of its non-finite inputs, and an op that made
+a kind of value its inputs did not hold is a new origin. At the failure (a non-finite
+loss when the loss phase ends, a non-finite gradient when backward ends, a non-finite
+weight after the update) the origin of that value is the finding, with the evidence kept
+at its birth: its inputs' statistics, the ops that made them (one and two levels back),
+the op rerun in float32, and the library and user lines that issued it. The non-finite
+values that healed before (T5's `log(0)`, an attention mask's -inf) are the transients.
 
 Where: the module comes from forward hooks (`ModuleTracker`); in backward, from the
 autograd node being run, which a `TorchFunctionMode` mapped at forward time to the module,
@@ -17,56 +19,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.weak import WeakIdKeyDictionary
+from torch.overrides import resolve_name
 
 from nandoctor.localize import ops
+from nandoctor.localize.finding import Finding, finding_of
+from nandoctor.localize.frames import call_site, user_source
+from nandoctor.localize.modes import NodeInfo, NodeRecorder, OpChecker
 from nandoctor.localize.modules import ModuleTracker
-from nandoctor.localize.stats import nonfinite_kinds, tensor_stats, value_kind
-from nandoctor.report.evidence import Evidence, Producer
+from nandoctor.localize.origins import OriginTable, descend, reaching, transients
+from nandoctor.localize.provenance import Provenance
+from nandoctor.localize.stats import kinds_of, tensor_stats
+from nandoctor.report.evidence import Evidence
+from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects
+from nandoctor.runtime.tensors import named_tensors, nonfinite
 
+__all__ = ["Finding", "Tracer"]
 
-@dataclass(frozen=True)
-class Finding:
-    """The first non-finite value of the replayed step (SPEC's `first_nonfinite`)."""
-
-    phase: Phase
-    module: str | None
-    op: str | None
-    tensor: str
-    value: str
-    dtype: str
-    shape: list[int]
-    count: int
-    source: str | None
-    evidence: Evidence = field(default_factory=Evidence)
-    created: bool = True  # False: only carried an inf that was already there
-
-
-@dataclass(frozen=True)
-class _Made:
-    """Who made a tensor (for the producers of the origin op's inputs)."""
-
-    op: str
-    module: str | None
-    source: str | None
-    phase: str
-    inputs: tuple[tuple[str, _Made | None], ...]
-    scalars: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _NodeInfo:
-    module: str | None
-    source: str | None
-    function: str
+MAX_EVIDENCE = 32  # origins of each kind (accidental, deliberate) with the full evidence
 
 
 class Tracer(Probe):
@@ -79,17 +54,19 @@ class Tracer(Probe):
             raise LookupError("no model to trace: the loop has not run its model yet")
         self.objects, self.model, self.light = objects, objects.model, light
         self.modules = ModuleTracker(self.model, quiet=self.quiet, enabled=not light)
-        self.origin: Finding | None = None
-        self.fallback: Finding | None = None
+        self.origins = OriginTable()
+        self.origin: Finding | None = None  # set when the failure is reached
+        self.transients: list[Transient] = []
         self.ctx: StepContext | None = None
         self._busy = False
-        self._nodes: dict[Any, _NodeInfo] = {}
-        self._made: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._evidence_left = {True: MAX_EVIDENCE, False: MAX_EVIDENCE}  # by deliberate
+        self._nodes: dict[Any, NodeInfo] = {}
+        self.provenance = Provenance()
         self._stack = contextlib.ExitStack()
 
     @property
     def finding(self) -> Finding | None:
-        return self.origin or self.fallback
+        return self.origin
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -103,8 +80,8 @@ class Tracer(Probe):
     def __enter__(self) -> Tracer:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.modules)
-            stack.enter_context(_NodeRecorder(self))
-            stack.enter_context(_OpChecker(self))
+            stack.enter_context(NodeRecorder(self))
+            stack.enter_context(OpChecker(self))
             self._stack = stack.pop_all()
         return self
 
@@ -112,110 +89,130 @@ class Tracer(Probe):
         self._stack.close()
         self._nodes.clear()
 
-    # -- phases the loop announces -------------------------------------------------
+    # -- phases the loop announces: the failure points -------------------------------
     def step_started(self, ctx: StepContext) -> None:
         self.ctx = ctx
         with self.quiet():
             for name, p in self.model.named_parameters():
                 if not bool(torch.isfinite(p).all()):
                     owner = name.rpartition(".")[0]
-                    self.origin = self._found(
+                    self.origin = finding_of(
                         Phase.PARAMETERS, owner, None, f"param:{name}", p, None
                     )
                     return
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
-        if phase is Phase.INPUT and self.origin is None:
-            with self.quiet():
-                for path, t in _leaves(ctx.batch, ""):
-                    if (t.is_floating_point() or t.is_complex()) and not bool(
-                        torch.isfinite(t).all()
-                    ):
-                        self.origin = self._found(Phase.INPUT, None, None, f"input:{path}", t, None)
-                        return
+        if self.origin is not None:
+            return
+        with self.quiet():
+            if phase is Phase.INPUT:
+                self._input_checked(ctx)
+            elif phase is Phase.LOSS and ctx.loss is not None:
+                self._reach(phase, [("output", ctx.loss)])
+            elif phase is Phase.BACKWARD:
+                named = list(self.model.named_parameters())
+                self._reach(phase, [(f"grad:{n}", p.grad) for n, p in named])
+            elif phase is Phase.OPTIMIZER:
+                self._reach(phase, [(f"param:{n}", p) for n, p in self.model.named_parameters()])
 
     def step_ended(self, ctx: StepContext) -> None:
+        if self.origin is None:  # nothing reached a failure: every non-finite value healed
+            self.transients = transients(self.origins.born, frozenset())
         self.ctx = None
 
-    # -- called by the modes -------------------------------------------------------
+    def _input_checked(self, ctx: StepContext) -> None:
+        for path, t in named_tensors(ctx.batch):
+            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+                tensor = f"input:{path or 'batch'}"
+                self.origin = finding_of(Phase.INPUT, None, None, tensor, t, None)
+                return
+
+    def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
+        """If any of these values is non-finite, the failure is reached: report the
+        origin its lineage names (the earliest, when several reach it)."""
+        present = [(role, t) for role, t in named if t is not None]
+        if not present or not bool(nonfinite([t for _, t in present], present[0][1].device)):
+            return
+        bad = [(role, t) for role, t in present if not bool(torch.isfinite(t).all())]
+        known = [x for _, t in bad if (x := self.origins.lineage(t)) is not None]
+        if known:
+            lineage = reaching(known)
+            self.origin = lineage.origin.finding
+            self.transients = transients(self.origins.born, lineage.ancestors)
+            return
+        # NB: made where no op of ours saw it: the first accidental origin (if any), as
+        # a tracer without lineages would say, or the tensor itself
+        first = next((o for o in self.origins.born if not o.deliberate), None)
+        if first is None:
+            role, t = bad[0]
+            owner = _owner(role) if ":" in role and role != "output" else None
+            self.origin = finding_of(phase, owner, None, role, t, None)
+        else:
+            self.origin = first.finding
+        reached = frozenset() if first is None else frozenset({first.seq})
+        self.transients = transients(self.origins.born, reached)
+
+    # -- called by the modes ---------------------------------------------------------
     def watching(self) -> bool:
         return self.origin is None and self.ctx is not None and not self._busy
 
-    def where(self) -> tuple[Phase, str | None, str | None, _NodeInfo | None]:
+    def where(self) -> tuple[Phase, str | None, str | None, NodeInfo | None]:
         phase = self.ctx.phase if self.ctx and self.ctx.phase else Phase.LOSS
         node = torch._C._current_autograd_node()
         info = self._nodes.get(node) if node is not None else None
         if info is not None:
             return Phase.BACKWARD, info.module, info.source, info
         if phase in (Phase.FORWARD, Phase.LOSS):
-            return phase, self.modules.current, ops.user_source(), None
-        return phase, None, ops.user_source(), None
+            return phase, self.modules.current, user_source(), None
+        return phase, None, user_source(), None
 
     def record_made(self, func: Any, args: tuple, kwargs: dict, out: list, where: tuple) -> None:
-        if self.light:
-            return
-        phase, module, source, _ = where
-        inputs = tuple((n, self._made.get(t)) for n, t in ops.named_tensors(func, args, kwargs))
-        scalars = tuple(ops.scalars_text(func, args, kwargs))
-        made = _Made(ops.op_name(func), module, source, phase.value, inputs, scalars)
-        for t in out:
-            self._made[t] = made
+        if not self.light:
+            self.provenance.record(func, args, kwargs, out, where)
 
     def examine(
         self, func: Any, args: tuple, kwargs: dict, bad: list, before: dict, where: tuple
     ) -> None:
-        """An op produced a non-finite value: is it the origin, or carried along?"""
+        """An op made a non-finite output: it inherits its inputs' lineage, or it is a
+        new origin (then its evidence is kept now, while its inputs still exist)."""
+        named = dict(ops.named_tensors(func, args, kwargs))
+        fresh = [n for n in named if n not in before]
+        kinds = dict(zip(fresh, kinds_of([named[n] for n in fresh]), strict=True)) | before
+        parents = [x for n, t in named.items() if any(kinds[n]) and (x := self.origins.lineage(t))]
+        inherits = any(not p.origin.deliberate for p in parents)  # then nothing else matters
+        created = not inherits and _created(ops.scalar_nonfinite(args, kwargs), kinds, bad)
+        lineage = descend(parents, created)
+        if lineage is None:
+            finding = self._born(func, args, kwargs, bad, before, where, created)
+            step = self.ctx.step if self.ctx else -1
+            lineage = self.origins.birth(finding, step, not created, parents)
+        for _, t in bad:
+            self.origins.mark(t, lineage)
+
+    # -- internals -------------------------------------------------------------------
+    def _born(self, func, args, kwargs, bad, before, where, created) -> Finding:
         phase, module, source, info = where
-        in_nan, in_inf = ops.scalar_nonfinite(args, kwargs)
-        for name, t in ops.named_tensors(func, args, kwargs):
-            nan, inf = before.get(name) or nonfinite_kinds(t)
-            in_nan, in_inf = in_nan or nan, in_inf or inf
         index, tensor = bad[0]
-        out_nan, out_inf = nonfinite_kinds(tensor)
-        created = (out_nan and not in_nan) or (out_inf and not in_inf)
-        if not created and self.fallback is not None:
-            return
         role = self._role(phase, tensor)
         if phase is Phase.OPTIMIZER and ":" in role:
             module = _owner(role)
-        finding = self._found(phase, module, ops.op_name(func), role, tensor, source, created)
+        frames = info.frames if info is not None else call_site()[1]
+        found = finding_of(phase, module, ops.op_name(func), role, tensor, source, created, frames)
+        full = not self.light and self._evidence_left[not created] > 0
+        self._evidence_left[not created] -= 1
         evidence = Evidence(
             inputs=[
                 tensor_stats(n, t)
                 for n, t in ops.named_tensors(func, args, kwargs)
                 if n not in before
             ],
-            output=finding.evidence.output,
+            output=found.evidence.output,
             scalars=ops.scalars_text(func, args, kwargs),
             backward_of=f"{info.function} ({_node_name()})" if info else None,
-            producers=[] if self.light else self._producers(func, args, kwargs),
-            recompute=None if self.light else ops.recompute_float32(func, args, kwargs, index),
+            producers=self.provenance.producers(func, args, kwargs) if full else [],
+            recompute=ops.recompute_float32(func, args, kwargs, index) if full else None,
         )
-        self._keep(replace(finding, evidence=evidence), created)
-
-    # -- internals -----------------------------------------------------------------
-    def _found(self, phase, module, op, role, tensor, source, created=True) -> Finding:
-        stats = tensor_stats(role, tensor)
-        finding = Finding(
-            phase=phase,
-            module=module,
-            op=op,
-            tensor=role,
-            value=value_kind(stats),
-            dtype=stats.dtype,
-            shape=stats.shape,
-            count=stats.nonfinite,
-            source=source,
-            evidence=Evidence(output=stats),
-            created=created,
-        )
-        return finding
-
-    def _keep(self, finding: Finding, created: bool) -> None:
-        if created:
-            self.origin = finding
-        elif self.fallback is None:
-            self.fallback = finding
+        return replace(found, evidence=evidence)
 
     def _role(self, phase: Phase, t: torch.Tensor) -> str:
         if phase in (Phase.FORWARD, Phase.LOSS):
@@ -232,23 +229,13 @@ class Tracer(Probe):
                     return f"state:{name}.{key}"
         return "grad_input" if phase is Phase.BACKWARD else "output"
 
-    def _producers(self, func: Any, args: tuple, kwargs: dict) -> list[Producer]:
-        out: list[Producer] = []
-        for name, t in ops.named_tensors(func, args, kwargs):
-            made = self._made.get(t)
-            if made is None:
-                continue
-            out.append(_producer(made, 1, name))
-            out.extend(_producer(m, 2, n) for n, m in made.inputs if m is not None)
-        return out
-
     def note_node(self, node: Any, function: Any) -> None:
         """Map a new autograd node (and the unnamed ones behind it) to where it was made."""
         if node is None or node in self._nodes:
             return
-        info = _NodeInfo(
-            self.modules.current, ops.user_source(), resolve_name(function) or str(function)
-        )
+        source, frames = call_site()
+        name = resolve_name(function) or str(function)
+        info = NodeInfo(self.modules.current, source, name, frames)
         todo = [node]
         while todo:
             n = todo.pop()
@@ -258,53 +245,17 @@ class Tracer(Probe):
             todo.extend(fn for fn, _ in n.next_functions)
 
 
-class _OpChecker(TorchDispatchMode):
-    def __init__(self, tracer: Tracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        tracer = self.tracer
-        if not tracer.watching():
-            return func(*args, **kwargs)
-        written = ops.written_tensors(func, args, kwargs)
-        before = {n: nonfinite_kinds(t) for n, t in written}  # their values are about to go
-        out = func(*args, **kwargs)
-        outputs = [(i, t) for i, (_, t) in enumerate(written)] or list(
-            enumerate(ops.output_tensors(out))
-        )
-        floats = [(i, t) for i, t in outputs if t.is_floating_point()]
-        where = tracer.where()
-        tracer.record_made(func, args, kwargs, [t for _, t in outputs], where)
-        if floats:
-            flags = torch.stack([~torch.isfinite(t).all() for _, t in floats]).tolist()
-            bad = [pair for pair, flag in zip(floats, flags, strict=True) if flag]
-            if bad:
-                with tracer.quiet():
-                    tracer.examine(func, args, kwargs, bad, before, where)
-        return out
-
-
-class _NodeRecorder(TorchFunctionMode):
-    def __init__(self, tracer: Tracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.tracer.watching():
-            for t in ops.output_tensors(out):
-                self.tracer.note_node(t.grad_fn, func)
-        return out
-
-
-def _producer(made: _Made, depth: int, feeds: str) -> Producer:
-    return Producer(made.op, made.module, made.source, made.phase, depth, feeds, list(made.scalars))
+def _created(scalars: tuple[bool, bool], kinds: dict, bad: list) -> bool:
+    """Did the op make a kind of value none of its inputs held (NaN from no NaN, inf from
+    no inf)? A NaN or inf among plain-number arguments counts as held: `fill(-inf)`."""
+    in_nan = scalars[0] or any(nan for nan, _ in kinds.values())
+    in_inf = scalars[1] or any(inf for _, inf in kinds.values())
+    outs = kinds_of([t for _, t in bad])
+    return any((nan and not in_nan) or (inf and not in_inf) for nan, inf in outs)
 
 
 def _owner(role: str) -> str:
-    """The module that owns `param:<name>` or `state:<name>.<key>`."""
+    """The module that owns `param:<name>`, `grad:<name>` or `state:<name>.<key>`."""
     kind, _, name = role.partition(":")
     if kind == "state":
         name = name.rpartition(".")[0]
@@ -314,15 +265,3 @@ def _owner(role: str) -> str:
 def _node_name() -> str:
     node = torch._C._current_autograd_node()
     return node.name() if node is not None else "?"
-
-
-def _leaves(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Tensors of a batch with their paths: `0`, `x`, `0.input_ids`."""
-    if isinstance(obj, torch.Tensor):
-        yield path or "batch", obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _leaves(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, f"{path}.{i}" if path else str(i))

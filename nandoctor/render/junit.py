@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from nandoctor.causes.words import plural
 from nandoctor.report.comparison import Comparison
 from nandoctor.report.types import Report
 
@@ -25,7 +26,7 @@ def render_comparison_junit(comparison: Comparison) -> str:
     for run in comparison.runs:
         failed = run.status != "healthy"
         where = f"non-finite at step {run.first_nonfinite_step}, phase {run.first_nonfinite_phase}"
-        message = where if failed else f"all {run.steps_completed} steps stayed finite"
+        message = where if failed else f"{plural(run.steps_completed, 'step')} stayed finite"
         cases.append(_case(run.dtype, message, failed, details=comparison.verdict))
     return _document("compare", comparison.name or comparison.config, cases, 0.0)
 

@@ -14,13 +14,16 @@ Same facts as the JSON and the terminal; nothing is computed here.
 from __future__ import annotations
 
 from nandoctor.causes import catalog
+from nandoctor.causes.words import plural
+from nandoctor.render.origin import library_frames, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
+from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Cause, Report
 
 ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
 VERIFIED = {True: "✔ verified", False: "✘ not enough on its own", None: "not verified"}
-_REPRODUCED = {True: "yes", False: "no: nondeterministic or transient"}
+_REPRODUCED: dict[bool | None, str] = {True: "yes", False: "no: nondeterministic or transient"}
 
 
 def render_comparison_markdown(comparison: Comparison) -> str:
@@ -81,9 +84,11 @@ def _title(report: Report) -> str:
 def _environment(report: Report) -> list[str]:
     env = report.environment
     scaler = "GradScaler" if env.grad_scaler else "no GradScaler"
+    skips = skips_text(report.events)
     return [
         f"`{report.config}` on {env.device}, {env.dtype}, {scaler}, torch {env.torch}, "
-        f"{env.threads} threads; {report.steps_completed} clean steps.",
+        f"{env.threads} threads; {plural(report.steps_completed, 'clean step')}"
+        + (f"; {skips}." if skips else "."),
         "",
     ]
 
@@ -101,13 +106,19 @@ def _where(report: Report) -> list[str]:
         ("value", f"{first.count_nonfinite} × {first.value}" if first.value else None),
         ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
         ("source", first.source),
-        (
-            "reproduced",
-            _REPRODUCED[first.reproduced] if first.reproduced is not None else None,
-        ),
+        ("via", " ← ".join(library_frames(first)) or None),
+        ("reproduced", _REPRODUCED.get(first.reproduced)),
     ]
     out = ["| where | |", "|---|---|"]
     out += [f"| {k} | `{v}` |" for k, v in rows if v is not None]
+    return [*out, "", *_transients(report)]
+
+
+def _transients(report: Report) -> list[str]:
+    if not report.transients:
+        return []
+    out = ["**Healed on the way** (seen, not the cause):", ""]
+    out += [f"- `{transient_text(t)}`" for t in report.transients]
     return [*out, ""]
 
 

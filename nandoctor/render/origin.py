@@ -1,7 +1,8 @@
 """The "where" of a failure for the terminal: the op and tensor, the module as a path
-from the root, the user's source line with the code around it, the op's inputs, who made
-them, and what float32 makes of the same op. Reads the report only (and the source file
-the report names)."""
+from the root, the user's source line with the code around it and the library lines on
+the way to the op, the op's inputs, who made them, what float32 makes of the same op, and
+the non-finite values that healed before the failure. Reads the report only (and the
+source file the report names)."""
 
 from __future__ import annotations
 
@@ -16,25 +17,50 @@ from rich.table import Table
 from rich.tree import Tree
 
 from nandoctor.report.evidence import Evidence, TensorStats
-from nandoctor.report.types import FirstNonfinite, Report
+from nandoctor.report.types import FirstNonfinite, Report, Transient
 
 CONTEXT_LINES = 3
+TRANSIENTS_SHOWN = 5
 
 
 def origin_block(report: Report) -> RenderableType | None:
     first = report.first_nonfinite
-    if first is None or not first.reproduced:
-        return None
-    parts: list[RenderableType] = [_where(first, report.evidence)]
-    code = source_excerpt(first.source)
-    if code is not None:
-        parts.append(code)
-    evidence = report.evidence
-    if evidence is not None and evidence.inputs:
-        parts.append(inputs_table(evidence.inputs))
-    if evidence is not None:
-        parts.extend(escape(line) for line in _provenance(evidence))
-    return Group(*parts)
+    parts: list[RenderableType] = []
+    if first is not None and first.reproduced:
+        parts.append(_where(first, report.evidence))
+        code = source_excerpt(first.source)
+        if code is not None:
+            parts.append(code)
+        evidence = report.evidence
+        if evidence is not None and evidence.inputs:
+            parts.append(inputs_table(evidence.inputs))
+        if evidence is not None:
+            parts.extend(escape(line) for line in _provenance(evidence))
+    parts.extend(escape(line) for line in transient_lines(report.transients))
+    return Group(*parts) if parts else None
+
+
+def transient_lines(transients: list[Transient]) -> list[str]:
+    """The values that healed before the failure: seen, and not the cause."""
+    if not transients:
+        return []
+    lines = ["healed on the way (seen, not the cause):"]
+    lines += [f"  {transient_text(t)}" for t in transients[:TRANSIENTS_SHOWN]]
+    if len(transients) > TRANSIENTS_SHOWN:
+        lines.append(f"  ... and {len(transients) - TRANSIENTS_SHOWN} more in the JSON report")
+    return lines
+
+
+def transient_text(t: Transient) -> str:
+    """`aten.log.default in encoder.block.0 at train.py:31 (forward, -inf)`"""
+    where = " outside the model" if t.module is None else f" in {t.module or '(root)'}"
+    at = f" at {t.source}" if t.source else ""
+    return f"{t.op or 'an op'}{where}{at} ({t.phase}, {t.value})"
+
+
+def library_frames(first: FirstNonfinite) -> list[str]:
+    """`file:line` of the library frames that issued the op, innermost first."""
+    return [f"{f.file}:{f.line}" for f in first.frames if not f.user]
 
 
 def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
@@ -57,6 +83,9 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
     grid.add_row("module", module_tree(first.module, evidence))
     if first.source:
         grid.add_row("source", escape(first.source))
+    via = library_frames(first)
+    if via:
+        grid.add_row("via", escape("\n".join(via)))
     return grid
 
 

@@ -28,6 +28,7 @@ from rich.table import Table
 from nandoctor.render.causes import causes_block
 from nandoctor.render.origin import origin_block
 from nandoctor.render.sparkline import sparkline
+from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Report
 
 if TYPE_CHECKING:
@@ -107,9 +108,9 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
         body.append(_gate(report))
     if report.telemetry.step:
         body.append(_curves(report))
-    skips = sum(e.kind == "scaler-skip" for e in report.events)
-    if skips:
-        body.append(f"[dim]{skips} GradScaler skip(s) before that: fp16 does that on purpose[/]")
+    skips = skips_text(report.events)
+    if skips is not None:
+        body.append(f"[dim]{skips}[/]")
     for note in report.notes:
         body.append(f"[dim]note: {escape(note)}[/]")
     console.print(Panel(Group(*body), title=_title(report), title_align="left", border_style=style))
@@ -131,7 +132,11 @@ def quiet_lines(report: Report) -> list[str]:
         lines += [
             f"  {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.message}" for c in report.gate.checks
         ]
-    lines.append(f"  {env.device} {env.dtype} grad_scaler={env.grad_scaler} threads={env.threads}")
+    scaler = f"grad_scaler={env.grad_scaler}"
+    skips = skips_text(report.events)
+    if skips is not None:  # NB: a healthy fp16 run's skips say whether they were rechecked
+        scaler += f" ({skips})"
+    lines.append(f"  {env.device} {env.dtype} {scaler} threads={env.threads}")
     return lines
 
 

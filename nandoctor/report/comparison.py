@@ -19,7 +19,9 @@ from pydantic import TypeAdapter
 
 from nandoctor.report.health import Headroom
 from nandoctor.report.telemetry import Telemetry
-from nandoctor.report.types import SCHEMA_VERSION, Tool, jsonable
+from nandoctor.report.types import Tool, jsonable
+
+SCHEMA_VERSION = 1  # SPEC: compare's JSON stays at 1 (the diagnose report is at 2)
 
 
 @dataclass

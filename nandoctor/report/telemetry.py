@@ -1,4 +1,5 @@
-"""Per-step records of a run: its telemetry curves and its events (GradScaler skips).
+"""Per-step records of a run: its telemetry curves and its events (GradScaler skips, by
+reason).
 
 Plain data, shared by the report, the comparison, the trends and the health measures.
 """
@@ -11,8 +12,30 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Event:
     step: int
-    kind: str  # scaler-skip | ...
+    kind: str  # scaler-skip | skipped-batch
     scale: float | None = None
+    # a scaler-skip's: "overflow" (the gradients were finite at loss scale 1) or
+    # "unchecked" (the driver could not rerun the step: Guard's hooks, watch)
+    reason: str | None = None
+
+
+def scaler_skips(events: list[Event]) -> dict[str, int]:
+    """How many GradScaler skips of each reason there were (none: {}); a skip recorded
+    without a reason (a report from before reasons) counts as unchecked."""
+    counts: dict[str, int] = {}
+    for e in events:
+        if e.kind == "scaler-skip":
+            reason = e.reason or "unchecked"
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def skips_text(events: list[Event]) -> str | None:
+    """The skips for a summary, "GradScaler skips: 3 overflow, 1 unchecked" (None: none)."""
+    counts = scaler_skips(events)
+    if not counts:
+        return None
+    return "GradScaler skips: " + ", ".join(f"{n} {reason}" for reason, n in counts.items())
 
 
 @dataclass

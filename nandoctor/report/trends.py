@@ -37,6 +37,12 @@ class Trends:
     grad_onset: int | None = None  # from this step on, the gradient norm stayed far above usual
     loss_onset: int | None = None  # from this step on, the loss stayed far above usual
     late_skips: int = 0  # GradScaler skips after the first streak (the scale's calibration)
+    # the GradScaler's last streak of skips, up to the last step recorded (the step that
+    # ended the run counts: its verdict is the collapse, not a skip event), and the loss
+    # scale the telemetry shows at the streak's first and last steps
+    final_streak: int = 0
+    final_streak_start: int | None = None
+    final_scales: tuple[float | None, float | None] = (None, None)  # at its first, last step
 
     @property
     def grad_growth(self) -> float | None:
@@ -59,6 +65,7 @@ def trends_of(telemetry: Telemetry, events: list[Event] | None = None) -> Trends
     early, late = _windows(len(grads))
     best = min(losses, key=lambda p: p[1], default=None)
     _, late_losses = _windows(len(losses))
+    streak, streak_start = _final_streak(telemetry.step, set(skipped))
     return Trends(
         steps=len(telemetry.step),
         grad_early=statistics.median(g for _, g in grads[:early]) if grads else None,
@@ -72,6 +79,9 @@ def trends_of(telemetry: Telemetry, events: list[Event] | None = None) -> Trends
         grad_onset=onset(grads, GRAD_ONSET),
         loss_onset=onset(losses, LOSS_ONSET),
         late_skips=len(skipped) - _first_streak(skipped),
+        final_streak=streak,
+        final_streak_start=streak_start,
+        final_scales=_scales_of(telemetry, streak_start) if streak else (None, None),
     )
 
 
@@ -111,6 +121,24 @@ def _longest_streak(steps: list[int]) -> int:
         run = run + 1 if i and s == steps[i - 1] + 1 else 1
         longest = max(longest, run)
     return longest
+
+
+def _final_streak(steps: list[int], skipped: set[int]) -> tuple[int, int | None]:
+    """(length, first step) of the streak of skips that runs into the last recorded step,
+    counted from the events, so that a sentence about it quotes what the telemetry shows."""
+    if not steps or not (steps[-1] in skipped or steps[-1] - 1 in skipped):
+        return 0, None
+    start = steps[-1] if steps[-1] in skipped else steps[-1] - 1
+    while start - 1 in skipped:
+        start -= 1
+    return steps[-1] - start + 1, start
+
+
+def _scales_of(telemetry: Telemetry, start: int | None) -> tuple[float | None, float | None]:
+    """The loss scale the telemetry shows at step `start` and at the last step."""
+    scales = dict(zip(telemetry.step, telemetry.scale, strict=False))
+    at_start = scales.get(start) if start is not None else None
+    return at_start, scales.get(telemetry.step[-1]) if telemetry.step else None
 
 
 def _first_streak(steps: list[int]) -> int:

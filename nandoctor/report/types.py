@@ -2,12 +2,14 @@
 
 Engines (diagnose, compare, watch) build a `Report`; renderers (terminal, Markdown,
 JUnit) and CI read it and never compute anything new. `to_dict()` is the JSON of SPEC.md,
-schema_version 1, for example (abridged)::
+schema_version 2, for example (abridged)::
 
-    {"schema_version": 1, "command": "diagnose", "status": "nonfinite",
+    {"schema_version": 2, "command": "diagnose", "status": "nonfinite",
      "steps_completed": 57,
-     "first_nonfinite": {"step": 57, "phase": "loss", "module": null, ...},
-     "causes": [], "events": [{"step": 12, "kind": "scaler-skip", "scale": 32768.0}],
+     "first_nonfinite": {"step": 57, "phase": "loss", "module": null, ...,
+                         "frames": [{"file": "train.py", "line": 31, "user": true}]},
+     "causes": [], "transients": [],
+     "events": [{"step": 12, "kind": "scaler-skip", "scale": 32768.0}],
      "telemetry": {"step": [0, 1, ...], "loss": [2.3, 2.1, ...], ...}}
 
 Non-finite floats are written as the strings "nan", "inf" and "-inf" (JSON has no NaN);
@@ -29,7 +31,7 @@ from nandoctor.report.gate import Gate
 from nandoctor.report.health import Health
 from nandoctor.report.telemetry import Event, Telemetry
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: first_nonfinite.frames, transients
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,29 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class Frame:
+    """One line of the call stack that issued an op: a library's (transformers' modeling
+    file, torch.nn.functional) or the user's own (`user`)."""
+
+    file: str
+    line: int
+    user: bool
+
+
+@dataclass(frozen=True)
+class Transient:
+    """A non-finite value that healed before the failure (selected away by `where`,
+    filled, cast to integers, summed out by a softmax): seen, listed, never the cause."""
+
+    step: int
+    phase: str
+    module: str | None
+    op: str | None
+    value: str  # nan | inf | -inf | mixed
+    source: str | None
+
+
+@dataclass(frozen=True)
 class FirstNonfinite:
     """Where the first non-finite value appeared. Fields other than step and phase stay
     None until the instrumented replay localises the tensor."""
@@ -63,6 +88,7 @@ class FirstNonfinite:
     count_nonfinite: int | None = None
     source: str | None = None
     reproduced: bool | None = None
+    frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
 
 
 @dataclass(frozen=True)
@@ -95,6 +121,7 @@ class Report:
     summary: str = ""  # one sentence: what happened
     first_nonfinite: FirstNonfinite | None = None
     causes: list[Cause] = field(default_factory=list)
+    transients: list[Transient] = field(default_factory=list)  # healed on the way
     events: list[Event] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     evidence: Evidence | None = None  # what the instrumented replay of the bad step saw
@@ -127,8 +154,8 @@ class Report:
 
 _ORDER = (
     "schema_version", "tool", "command", "name", "config", "environment", "status",
-    "steps_completed", "summary", "first_nonfinite", "causes", "events", "telemetry", "evidence",
-    "health", "gate", "ranks", "notes", "timing",
+    "steps_completed", "summary", "first_nonfinite", "causes", "transients", "events", "telemetry",
+    "evidence", "health", "gate", "ranks", "notes", "timing",
 )  # fmt: skip
 
 

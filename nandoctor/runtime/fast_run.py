@@ -13,7 +13,9 @@ import torch
 
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Probe, Probes
+from nandoctor.runtime.recheck import ScaleOneRecheck
 from nandoctor.runtime.record import Recorder, RunResult, StepCallback
+from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
@@ -35,12 +37,15 @@ def fast_run(
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
     With a `store`, each step's batch and (by its policy) state are kept first, so that
-    the bad step can be replayed; a streak of scaler skips pins the snapshot of its start.
+    the bad step can be replayed; a streak of scaler skips pins the snapshot of its start,
+    and each skip is rechecked at loss scale 1 (`runtime.recheck`). Without one, skips
+    are unchecked: only a streak that collapses the scale fails.
     Past `deadline` (a `time.perf_counter()` value) the run stops with status "timeout".
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     """
     result = RunResult("healthy", session.start_step, 0)
-    sentinel = Sentinel(session, ranks=session.ranks, thorough=thorough)
+    recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
+    sentinel = Sentinel(session, ranks=session.ranks, thorough=thorough, recheck=recheck)
     recorder = Recorder(result, store=store, on_step=on_step)
     try:
         with Probes(sentinel, *([probe] if probe is not None else [])) as probes:

@@ -6,7 +6,8 @@ nothing, so `StepHooks` reconstructs the same announcements from PyTorch's globa
 GradScaler, clipping)::
 
     model(x) with grad enabled        step_started (first event of a step)
-                                      INPUT (the model's inputs), LOSS opens,
+                                      INPUT (the model's inputs, positional and
+                                      keyword), LOSS opens,
                                       FORWARD opens ... FORWARD ends (its output)
     loss.backward() / scaler.scale(loss).backward()
                                       LOSS ends (ctx.loss, unscaled), BACKWARD opens
@@ -25,6 +26,14 @@ steps. With gradient accumulation a step announces each forward, loss and backwa
 and backward inside the step; its OPTIMIZER phase is announced after them. In `explicit`
 mode (`Guard.step`) the caller opens and closes each step and names its batch; optimizer
 steps then only mark the OPTIMIZER phase.
+
+PyTorch's global forward pre-hook sees a call's positional arguments only, and
+`model(**batch)` passes all of its batch by keyword. So the model gets a hook of its own
+(`register_forward_pre_hook(..., with_kwargs=True)`), from the start when it is given
+(`Guard`), else from its first call on (`watch` meets the model only then): that first
+call's keyword inputs are checked when it returns, before its output is, which the
+probes judge the same way (the sentinel by phase, the tracer names no origin before the
+loss).
 
 Everything here is host-side bookkeeping; the probe decides what runs on the device.
 """
@@ -45,6 +54,7 @@ from nandoctor.runtime import amp
 from nandoctor.runtime import wrappers as patches
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.tensors import call_inputs
 
 StepCallback = Callable[[StepContext], None]
 
@@ -75,16 +85,22 @@ class StepHooks:
         self._backward = 0  # backward calls under way
         self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
         self._worked = False  # this step has run a forward or a backward
+        self._inputs_of: nn.Module | None = None  # the module with our keyword-inputs hook
+        self._early: StepContext | None = None  # that hook, next, opens this forward
+        self._late = False  # this forward's keyword inputs are checked when it returns
         self._scaled: tuple[weakref.ref, torch.Tensor, torch.Tensor | None] | None = None
 
     # -- attach / detach -------------------------------------------------------------
     def __enter__(self) -> StepHooks:
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._late_inputs, with_kwargs=True),
             nn_module.register_module_forward_hook(self._post, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
+        if self.run.model is not None:
+            self._hook_inputs(self.run.model)
         patches.register(self)
         return self
 
@@ -93,6 +109,7 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._inputs_of = None
 
     # -- explicit steps (Guard.step) ------------------------------------------------------
     def begin(self, batch: Any) -> StepContext:
@@ -106,9 +123,9 @@ class StepHooks:
 
     def abandon(self) -> None:
         """The user's step raised: forget the half-done step and every counter."""
-        self.ctx, self._scaled = None, None
+        self.ctx, self._scaled, self._early = None, None, None
         self._depth = self._backward = self._optim = 0
-        self._root = False
+        self._root = self._late = False
 
     # -- module forwards ------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: Any) -> None:
@@ -122,13 +139,41 @@ class StepHooks:
         if ctx is None:
             return
         self._root, self._worked = True, True
-        if not self.explicit:  # without a named batch, the model's inputs are the batch
-            self._phase(ctx, Phase.INPUT, args)
+        if self.explicit:  # the caller named the batch
+            self._forward_started(ctx)
+        elif module is self._inputs_of:  # without a named batch, the model's inputs are
+            self._early = ctx  # the batch: its own hook, next, sees them all
+        else:
+            self._phase(ctx, Phase.INPUT, args)  # and its keyword inputs when it returns
+            self._late = True
+            self._forward_started(ctx)
+            self._hook_inputs(module)
+
+    def _hook_inputs(self, model: nn.Module) -> None:
+        if self._inputs_of is None and not self.explicit:
+            self._inputs_of = model
+            self._handles.append(model.register_forward_pre_hook(self._inputs, with_kwargs=True))
+
+    def _inputs(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        ctx, self._early = self._early, None
+        if ctx is not None:
+            self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
+            self._forward_started(ctx)
+
+    def _forward_started(self, ctx: StepContext) -> None:
         if ctx.phase is not Phase.LOSS:
             ctx.phases[:] = [Phase.LOSS]
             self.probe.phase_started(ctx, Phase.LOSS)
         ctx.phases.append(Phase.FORWARD)
         self.probe.phase_started(ctx, Phase.FORWARD)
+
+    def _late_inputs(self, module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        ctx = self.ctx
+        if not self._late or self._depth != 1 or ctx is None or torch.compiler.is_compiling():
+            return
+        self._late = False
+        if kwargs and ctx.phase is Phase.FORWARD:
+            self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
 
     def _post(self, module: nn.Module, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling():
@@ -137,7 +182,7 @@ class StepHooks:
         ctx = self.ctx
         if self._depth or not self._root or ctx is None:
             return
-        self._root = False
+        self._root, self._late, self._early = False, False, None
         if ctx.phase is Phase.FORWARD:
             ctx.output = output
             self.probe.phase_ended(ctx, Phase.FORWARD)

@@ -9,23 +9,37 @@ for it with `Fix(patch=True)`; diagnose/verify.py looks it up here), once:
 - `fully-masked-softmax`, `FiniteMaskPatch`: `masked_fill(mask, -inf)` fills with the
   dtype's finite minimum.
 - `eps-underflow`, `EpsilonPatch`: an epsilon the dtype rounds to 0 (`x + 1e-8` in float16,
-  `eps=1e-8` of a norm) is raised to the dtype's smallest normal number.
+  `clamp(min=1e-8)`, `eps=1e-8` of a norm) is raised to the dtype's smallest normal number.
 
 The ids are plain strings here: the runtime sits below the causes and does not import them;
 tests/test_whatif.py checks that every id is a cause whose fix plan uses the patch.
+
+One patch serves many causes and is not registered by id: `OriginGuardPatch`, "guard the
+origin op", made for one failure from the op and the user's source line the replay named
+(`OpSite`). Only that op, called from that line, is made safe (safe_ops.py: a denominator
+moved away from 0, a log or sqrt input clamped to the smallest normal, acos/asin clamped
+into the domain, exp, pow, a matmul or a custom autograd Function run in float32); every
+other call runs as written.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
 from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils.weak import WeakIdKeyDictionary
 
+from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.registry import Registry
+from nandoctor.runtime import safe_ops
 from nandoctor.runtime.probe import Probe
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
@@ -33,6 +47,8 @@ _LOG = {torch.log, torch.Tensor.log}
 _MASKED_FILL = {torch.masked_fill, torch.Tensor.masked_fill, torch.Tensor.masked_fill_}
 _ADD = {torch.add, torch.Tensor.add, torch.Tensor.add_}
 _ADD |= {torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__iadd__}
+_CLAMP = {torch.clamp, torch.clamp_min, torch.Tensor.clamp, torch.Tensor.clamp_min}
+_CLAMP |= {torch.Tensor.clamp_, torch.Tensor.clamp_min_, torch.clip, torch.Tensor.clip}
 _NORMS = {F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm}
 if hasattr(F, "rms_norm"):
     _NORMS.add(F.rms_norm)
@@ -122,7 +138,96 @@ class EpsilonPatch(MathPatch):
         elif func in _NORMS and (dtype := _dtype(args)) and _too_small(kwargs.get("eps"), dtype):
             self.hits += 1
             kwargs = {**kwargs, "eps": torch.finfo(dtype).tiny}
+        elif func in _CLAMP and (dtype := _dtype(args)):
+            args, kwargs = self._raised_min(args, kwargs, dtype)
         return func(*args, **kwargs)
+
+    def _raised_min(self, args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
+        """`clamp(x, min=1e-8)` in float16 clamps to 0: raise the minimum it rounds to 0."""
+        low = args[1] if len(args) > 1 else kwargs.get("min")
+        if not _too_small(low, dtype):
+            return args, kwargs
+        self.hits += 1
+        tiny = torch.finfo(dtype).tiny
+        if len(args) > 1:
+            return (args[0], tiny, *args[2:]), kwargs
+        return args, {**kwargs, "min": tiny}
+
+
+@dataclass(frozen=True)
+class OpSite:
+    """The op to guard and where it was issued: `family` as safe_ops names it ("div",
+    "sqrt", "matmul"), and `file` and `line`: the innermost frame of the user's code
+    (`file` absolute), or, for an op inside a library (`library`: a transformers modeling
+    file), that library's line (`file` then as the report shows it, from the package:
+    "transformers/models/gpt2/modeling_gpt2.py"), so that only that op is guarded and not
+    every op of its family the user's `model(...)` line runs. `overflowed`: running it in
+    float32 is then a guard."""
+
+    family: str
+    file: str
+    line: int
+    overflowed: bool = False
+    library: bool = False
+
+
+class OriginGuardPatch(MathPatch):
+    """Guard the origin op: the op of `site`'s family, called from `site`'s line, runs in
+    its safe form (safe_ops.py); so does a custom autograd Function applied from that line,
+    in float32, where float32 is the guard. `hits` counts the calls guarded."""
+
+    def __init__(self, site: OpSite) -> None:
+        super().__init__()
+        self.site = site
+        self.float32 = safe_ops.guards_float32(site.family, site.overflowed)
+        self._apply: Any = None
+
+    @property
+    def describe(self) -> str:  # type: ignore[override]
+        name = os.path.basename(self.site.file)
+        return f"the {self.site.family} at {name}:{self.site.line} guarded ({self._how()})"
+
+    def _how(self) -> str:
+        kind = safe_ops.family(self.site.family)[1]
+        return safe_ops.Kind.FLOAT32.value if kind is safe_ops.Kind.POW else kind.value
+
+    def __enter__(self) -> OriginGuardPatch:
+        super().__enter__()
+        if self.float32:
+            self._apply = torch.autograd.Function.__dict__["apply"]
+            torch.autograd.Function.apply = classmethod(self._guarded_apply)  # type: ignore[assignment,method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._apply is not None:
+            torch.autograd.Function.apply = self._apply  # type: ignore[method-assign]
+            self._apply = None
+        super().__exit__(*exc)
+
+    def rewrite(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        name = _name(func)
+        fam, kind = safe_ops.family(name)
+        if fam != self.site.family or not self._at_site():
+            return func(*args, **kwargs)
+        if kind is safe_ops.Kind.FLOAT32 and not self.float32:
+            return func(*args, **kwargs)
+        if kind is safe_ops.Kind.FLOAT32 and safe_ops.in_place(name):
+            return func(*args, **kwargs)  # NB: a float32 result cannot be written in place
+        self.hits += 1
+        return safe_ops.safe_call(func, name, args, kwargs)
+
+    def _guarded_apply(self, cls: type, *args: Any, **kwargs: Any) -> Any:
+        apply = self._apply.__func__
+        if not self._at_site():
+            return apply(cls, *args, **kwargs)
+        self.hits += 1
+        return safe_ops.in_float32(functools.partial(apply, cls), args, kwargs)
+
+    def _at_site(self) -> bool:
+        if self.site.library:
+            return _through(sys._getframe(1), self.site.file, self.site.line)
+        here = _user_line(sys._getframe(1))
+        return here is not None and here == (self.site.file, self.site.line)
 
 
 def _is_neg_inf(value: Any) -> bool:
@@ -136,6 +241,59 @@ def _too_small(value: Any, dtype: torch.dtype | None) -> bool:
     if dtype is None or not isinstance(value, float) or not dtype.is_floating_point or value == 0:
         return False
     return float(torch.tensor(value, dtype=dtype)) == 0.0
+
+
+def _user_line(frame: FrameType | None) -> tuple[str, int] | None:
+    """(absolute file, line) of the innermost frame of the user's code above `frame`; None
+    when nandoctor's own loop comes first (an op of the optimizer or the scaler)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if is_user_file(filename):
+            return _absolute(filename), frame.f_lineno
+        if is_nandoctor_file(filename) and _absolute(filename) not in _OWN_FILES:
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _through(frame: FrameType | None, shown: str, line: int) -> bool:
+    """Was the call made from library file `shown` (as the report shows it) at `line`,
+    on its way from the user's code?"""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if frame.f_lineno == line and _shown_as(filename, shown):
+            return True
+        if is_user_file(filename):
+            return False
+        if is_nandoctor_file(filename) and _absolute(filename) not in _OWN_FILES:
+            return False
+        frame = frame.f_back
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _shown_as(filename: str, shown: str) -> bool:
+    return ("/" + _absolute(filename).replace(os.sep, "/")).endswith("/" + shown)
+
+
+@functools.lru_cache(maxsize=4096)
+def _absolute(filename: str) -> str:
+    return os.path.realpath(filename)
+
+
+_OWN_FILES = frozenset({_absolute(__file__), _absolute(safe_ops.__file__)})
+_NAMES: dict[Any, str] = {}
+
+
+def _name(func: Any) -> str:
+    """torch's name of a function the mode saw ("torch.Tensor.div"), looked up once."""
+    try:
+        return _NAMES[func]
+    except KeyError:
+        name = _NAMES[func] = resolve_name(func) or getattr(func, "__name__", "")
+        return name
+    except TypeError:  # NB: an unhashable callable
+        return resolve_name(func) or getattr(func, "__name__", "")
 
 
 def _dtype(args: tuple) -> torch.dtype | None:

@@ -2,9 +2,10 @@
 sentinel's verdicts into it (`Recorder`), whoever drives the steps: the fast run of
 `diagnose`, a `Guard`, a watched process.
 
-Recording a verdict means: its telemetry, a GradScaler skip as an event, the first
-failure, and, when the run keeps snapshots, the snapshot of a streak of skips pinned
-at the streak's start (a collapse is replayed from there) and let go when it ends.
+Recording a verdict means: its telemetry, a GradScaler skip as an event (with its reason:
+an overflow, or unchecked), the first failure, and, when the run keeps snapshots, the
+snapshot of a streak of skips pinned at the streak's start (a collapse is replayed from
+there) and let go when it ends.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Recorder:
         result.steps_run += 1
         result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
         if v.skipped:
-            result.events.append(Event(r.step, "scaler-skip", r.scale))
+            result.events.append(Event(r.step, "scaler-skip", r.scale, reason=v.skip_reason))
         if self.store is not None:
             _keep_streak_start(self.store, v)
         if self.on_step is not None:

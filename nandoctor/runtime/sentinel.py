@@ -19,15 +19,19 @@ announces, and the sentinel's rules already cover both, so it has no mode for it
 - the step ends when the driver says so (`step_ended`).
 
 A reading becomes a `Verdict` in `Judge`, which holds the rules of SPEC.md: the first
-phase whose values went non-finite is the failure; a GradScaler skip is an event, and
-becomes a failure only when skips repeat until the scale collapses.
+phase whose values went non-finite is the failure. A GradScaler skip is an event when
+it was an overflow: the judge asks the driver to recheck the step's gradients at loss
+scale 1 (`runtime.recheck`; only on a skip, so a clean step costs nothing), and a step
+whose gradients are non-finite there too is the failure the scaler hid. A driver that
+cannot re-run its loop (the hooks) answers "unchecked", and the streak rule is then the
+only guard: skips in a row until the scale collapses are a failure, either way.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,13 +40,25 @@ import torch
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects, device_of
-from nandoctor.runtime.tensors import floating, gradient_check, nonfinite
+from nandoctor.runtime.tensors import floating, gradient_check, nonfinite, without_loss
 
 if TYPE_CHECKING:
     from nandoctor.setup.distributed import Ranks
 
-MAX_SKIP_STREAK = 32  # consecutive scaler skips that count as a collapse (2**32 of range)
+# A collapse: MAX_SKIP_STREAK skips in a row at a scale of at most STREAK_CEILING (a
+# healthy fp16 run skips a handful at its start; docs/diagnosis.md says why 10), or a
+# scale below MIN_SCALE. Skips above the ceiling are a larger init_scale coming down.
+MAX_SKIP_STREAK = 10
+STREAK_CEILING = 2.0**16  # torch's default init_scale
 MIN_SCALE = 1.0  # a loss scale below this (and below init_scale / 2**16) has collapsed
+
+# Why the GradScaler skipped a step (`Verdict.skip_reason`, the event's `reason`)
+OVERFLOW = "overflow"  # the gradients are finite at loss scale 1: the scale overflowed
+UNCHECKED = "unchecked"  # the driver could not recheck the step (a loop it cannot re-run)
+
+# Recheck a skipped step at loss scale 1: True when its gradients are non-finite there
+# too, False when finite, None when it cannot (`runtime.recheck.ScaleOneRecheck`).
+Recheck = Callable[[int], "bool | None"]
 
 # The packed reading, in this order: one float64 per slot.
 _SLOTS = (
@@ -88,14 +104,24 @@ class Verdict:
     phase: Phase | None = None
     skipped: bool = False
     streak_start: int | None = None  # with `skipped`: the first step of the current streak
+    skip_reason: str | None = None  # with `skipped`: OVERFLOW or UNCHECKED
+    hidden: bool = False  # failed: the scaler skipped it, but it is non-finite unscaled too
     why: str = ""
 
     @property
     def collapsed(self) -> bool:
-        """A GradScaler's scale collapsed: bad gradients in a run with a scaler, which
-        fail only once skips repeat (`step` is then the streak's first step, and the
-        reading's scale the one the streak fell to)."""
-        return self.phase is Phase.BACKWARD and self.reading.scale is not None
+        """A GradScaler's scale collapsed: overflow skips repeated (`step` is then the
+        streak's first step, and the reading's scale the one the streak fell to)."""
+        return self.phase is Phase.BACKWARD and self.reading.scale is not None and not self.hidden
+
+    @property
+    def replay_scale(self) -> float | None:
+        """The loss scale a replay of this failure runs at: 1 for a failure the scaler hid
+        (no overflow of the scale can then hide or fake the origin), the scale a collapse
+        fell to, or None (the run's own)."""
+        if self.hidden:
+            return 1.0
+        return self.reading.scale if self.collapsed else None
 
 
 class Sentinel(Probe):
@@ -103,11 +129,12 @@ class Sentinel(Probe):
 
     `ranks`: this process's place in a data-parallel job (every rank's flags are read
     together). `defer`: read each step's flags one step late (None: on CUDA). `thorough`
-    also checks the model's output and the weights after each update (two more passes
-    a step): exact phases without a replay, for `compare`. `diagnose`, `Guard` and
-    `watch` leave them to the replay, which names the phase anyway: a non-finite output
-    shows in the loss, and weights an update broke show at the next step, which the
-    replay traces back to that update.
+    also checks the model's output (less the loss it may carry) and the weights after
+    each update (two more passes a step): exact phases without a replay, for `compare`.
+    `diagnose`, `Guard` and `watch` leave them to the replay, which names the phase
+    anyway: a non-finite output shows in the loss, and weights an update broke show at
+    the next step, which the replay traces back to that update. `recheck`: how the
+    driver reruns a skipped step at loss scale 1 (None: it cannot; skips are unchecked).
     """
 
     def __init__(
@@ -117,15 +144,17 @@ class Sentinel(Probe):
         ranks: Ranks | None = None,
         defer: bool | None = None,
         thorough: bool = False,
+        recheck: Recheck | None = None,
     ) -> None:
         self.objects = objects
         self.ranks = ranks
         self.defer = defer
         self.thorough = thorough
+        self.recheck = recheck
         self._flags: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None, bool]] = []
         self._checked_params_once = False
-        self._judge = Judge.for_scaler(objects.scaler)
+        self._judge = Judge.for_scaler(objects.scaler, recheck)
         self._judged_scaler = objects.scaler
 
     # -- probe hooks: device work only -------------------------------------------------
@@ -141,7 +170,8 @@ class Sentinel(Probe):
         if phase is Phase.INPUT:
             self._any("input", nonfinite(floating(ctx.batch), self._device()))
         elif phase is Phase.FORWARD and self.thorough:
-            self._any("forward", nonfinite(floating(ctx.output), self._device()))
+            output = floating(without_loss(ctx.output))  # its loss is the LOSS phase's
+            self._any("forward", nonfinite(output, self._device()))
         elif phase is Phase.LOSS and ctx.loss is not None:
             self._loss_ended(ctx.loss.detach().float())
         elif phase is Phase.BACKWARD:
@@ -213,7 +243,7 @@ class Sentinel(Probe):
         then learns that scaler's scale (never in the middle of a streak of skips)."""
         scaler = self.objects.scaler
         if scaler is not self._judged_scaler and self._judge.streak == 0:
-            self._judge, self._judged_scaler = Judge.for_scaler(scaler), scaler
+            self._judge, self._judged_scaler = Judge.for_scaler(scaler, self.recheck), scaler
         return self._judge
 
 
@@ -245,24 +275,36 @@ def _reading(step: int, rows: list[list[float]], has_scale: bool) -> Reading:
 
 
 class Judge:
-    """Turns readings into verdicts, remembering the current streak of scaler skips."""
+    """Turns readings into verdicts, remembering the current streak of scaler skips.
+
+    `recheck` (see `Recheck`) is asked about each skip: a step still non-finite at loss
+    scale 1 fails there; an overflow, or a skip it could not check, joins the streak.
+    """
 
     def __init__(
-        self, max_streak: int = MAX_SKIP_STREAK, min_scale: float = MIN_SCALE, backoff: float = 0.5
+        self,
+        max_streak: int = MAX_SKIP_STREAK,
+        min_scale: float = MIN_SCALE,
+        backoff: float = 0.5,
+        recheck: Recheck | None = None,
     ) -> None:
         self.max_streak = max_streak
         self.min_scale = min_scale
         self.backoff = backoff
+        self.recheck = recheck
         self.streak_start: int | None = None
-        self.streak = 0
+        self.streak = 0  # skips in a row
+        self.counted = 0  # of them, those at a scale of at most STREAK_CEILING
 
     @classmethod
-    def for_scaler(cls, scaler: torch.amp.GradScaler | None) -> Judge:
+    def for_scaler(
+        cls, scaler: torch.amp.GradScaler | None, recheck: Recheck | None = None
+    ) -> Judge:
         if scaler is None:
-            return cls()
+            return cls(recheck=recheck)
         # NB: a user who starts at a tiny init_scale on purpose has not collapsed at 1.0.
         min_scale = min(MIN_SCALE, scaler.get_scale() / 2**16)
-        return cls(min_scale=min_scale, backoff=scaler.get_backoff_factor())
+        return cls(min_scale=min_scale, backoff=scaler.get_backoff_factor(), recheck=recheck)
 
     def __call__(self, r: Reading) -> Verdict:
         for phase, flagged, why in (
@@ -275,7 +317,7 @@ class Judge:
                 return Verdict(r, failed=True, step=r.step, phase=phase, why=why)
         if r.grads:
             return self._bad_gradients(r)
-        self.streak, self.streak_start = 0, None
+        self.streak, self.counted, self.streak_start = 0, 0, None
         if r.params:
             why = "the optimizer's update made parameters non-finite"
             return Verdict(r, failed=True, step=r.step, phase=Phase.OPTIMIZER, why=why)
@@ -285,21 +327,30 @@ class Judge:
         if r.scale is None:
             why = "gradients were non-finite (no GradScaler to skip the step)"
             return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, why=why)
+        still_bad = self.recheck(r.step) if self.recheck is not None else None
+        if still_bad:
+            why = (
+                f"the GradScaler skipped step {r.step}, but its gradients are non-finite at "
+                "loss scale 1 too: the scaler hid a real failure"
+            )
+            return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, hidden=True, why=why)
         if self.streak == 0:
             self.streak_start = r.step
         self.streak += 1
+        self.counted += r.scale <= STREAK_CEILING
         next_scale = r.scale * self.backoff
-        if self.streak >= self.max_streak or next_scale < self.min_scale:
+        if self.counted >= self.max_streak or next_scale < self.min_scale:
             why = (
                 f"the GradScaler skipped {self.streak} steps in a row from step "
                 f"{self.streak_start}; the loss scale fell to {_fmt(next_scale)}"
             )
             return Verdict(r, failed=True, step=self.streak_start, phase=Phase.BACKWARD, why=why)
-        return Verdict(r, skipped=True, streak_start=self.streak_start)
+        reason = UNCHECKED if still_bad is None else OVERFLOW
+        return Verdict(r, skipped=True, streak_start=self.streak_start, skip_reason=reason)
 
 
 def _fmt(x: float) -> str:
     return f"{x:g}" if math.isfinite(x) else str(x)
 
 
-__all__ = ["Judge", "Reading", "Sentinel", "Verdict"]
+__all__ = ["OVERFLOW", "UNCHECKED", "Judge", "Reading", "Recheck", "Sentinel", "Verdict"]

@@ -6,45 +6,98 @@ host is the caller's decision (and its one synchronisation per step).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
 
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside nested tuples, lists, dicts and dataclasses (model outputs)."""
+    """Every tensor inside a batch or a model output, in order (see `named_tensors`)."""
+    for _, t in named_tensors(obj):
+        yield t
+
+
+def named_tensors(obj: Any, path: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor with its path: `0`, `labels`, `0.input_ids`; "" for a lone tensor.
+
+    Containers are tuples and lists (by index), mappings (by key: dicts, transformers'
+    `BatchEncoding`, a `UserDict`) and dataclasses (by field). A `ModelOutput` is both a
+    mapping and a dataclass: as a mapping it shows only the fields that were set.
+    """
     if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from iter_tensors(value)
+        yield path, obj
+        return
+    for key, value in _parts(obj):
+        yield from named_tensors(value, f"{path}.{key}" if path else key)
+
+
+def _parts(obj: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield str(key), value
     elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from iter_tensors(value)
+        for i, value in enumerate(obj):
+            yield str(i), value
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            yield from iter_tensors(getattr(obj, f.name))
+            yield f.name, getattr(obj, f.name)
+
+
+def call_inputs(args: tuple, kwargs: dict) -> Any:
+    """A call's arguments as one structure whose paths name them: positional ones by
+    index, keyword ones by name (`0`, `0.x`, `labels`): `model(**batch)` passes its
+    whole batch by keyword."""
+    if not kwargs:
+        return args
+    return {**{str(i): a for i, a in enumerate(args)}, **kwargs}
 
 
 def floating(tensors: Any) -> list[torch.Tensor]:
     return [t for t in iter_tensors(tensors) if t.is_floating_point() or t.is_complex()]
 
 
+def without_loss(output: Any) -> Any:
+    """A model's output without the loss it carries (`ModelOutput.loss`, a dict's "loss"):
+    that loss is judged as the loss, in its own phase, apart from the logits beside it."""
+    if isinstance(output, Mapping) and "loss" in output:
+        return [value for key, value in output.items() if key != "loss"]
+    return output
+
+
 def map_tensors(
     obj: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] = lambda x: x
 ) -> Any:
-    """`fn` on every tensor of a batch, `other` on every other leaf; containers kept."""
+    """`fn` on every tensor of a batch, `other` on every other leaf; containers kept (the
+    same types as `named_tensors` walks, each rebuilt as its own type)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, map_tensors(v, fn, other)) for k, v in obj.items())
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
         return type(obj)(*(map_tensors(v, fn, other) for v in obj))
     if isinstance(obj, (list, tuple)):
         return type(obj)(map_tensors(v, fn, other) for v in obj)
+    if isinstance(obj, Mapping):
+        return _mapped_mapping(obj, {k: map_tensors(v, fn, other) for k, v in obj.items()})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            # NB: object.__setattr__ also fills frozen dataclasses and init=False fields
+            object.__setattr__(out, f.name, map_tensors(getattr(obj, f.name), fn, other))
+        return out
     return other(obj)
+
+
+def _mapped_mapping(obj: Mapping, values: dict) -> Any:
+    """`obj`'s own type holding `values`: a copy with its items replaced (a `ModelOutput`
+    or a `BatchEncoding` keeps its attributes), or a plain dict for a read-only mapping."""
+    if not isinstance(obj, MutableMapping):
+        return values
+    out = copy.copy(obj)
+    for key, value in values.items():
+        out[key] = value
+    return out
 
 
 def to_device(obj: Any, device: torch.device) -> Any:

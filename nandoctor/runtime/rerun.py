@@ -1,10 +1,11 @@
-"""How a kept step is run again for a replay: the one thing the drivers of `localize` differ in.
+"""How a kept step is run again: the one thing the drivers of a replay differ in (the
+localisation, and the recheck of a GradScaler skip at loss scale 1).
 
 `diagnose` keeps each step's batch and re-runs it with its own `run_step` on the session
 (`SessionSteps`). A `Guard` keeps the user's step function with copies of its arguments
 (`KeptStep`) and calls it again; its phases are then announced by `StepHooks` in
-explicit mode, as during the run (`KeptSteps`). Either way a probe (the tracer) sees
-the same phases it would see in the other driver.
+explicit mode, as during the run (`KeptSteps`). Either way a probe (the tracer, the recheck's
+gradient check) sees the same phases it would see in the other driver.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.step import run_step
+from nandoctor.runtime.tensors import call_inputs
 from nandoctor.setup.session import Session
 
 StepFn = Callable[..., Any]
@@ -95,8 +97,9 @@ class KeptSteps:
 
 
 def named_batch(args: tuple, kwargs: dict) -> Any:
-    """What the report calls the batch: the one argument, or all of them."""
-    return args[0] if len(args) == 1 and not kwargs else (args, kwargs)
+    """What the report calls the batch: the one argument, or all of them (by position and
+    by name: `input:0`, `input:labels`)."""
+    return args[0] if len(args) == 1 and not kwargs else call_inputs(args, kwargs)
 
 
 def _host(t: Any) -> Any:

@@ -1,0 +1,58 @@
+"""The learning rate each step ran with, as a probe: the rate in effect at the failing
+step, and the scheduler's jumps before it, are what learning-rate-too-high quotes.
+
+A scheduler changes `param_groups[0]["lr"]` between steps, so the rate the optimizer
+reads *at the start of a step* is the one that step trains with; reading it once after
+the run gives the rate of the step after the last one, and the config gives neither.
+Only the changes are kept (a constant rate is one entry), and reading a float costs no
+device synchronisation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from nandoctor.causes.case import LrJump
+from nandoctor.runtime.probe import Probe, StepContext
+
+
+@dataclass
+class LrHistory(Probe):
+    """Probe: (step, lr) each time the first param group's rate changed at a step's start."""
+
+    changes: list[tuple[int, float]] = field(default_factory=list)
+
+    def step_started(self, ctx: StepContext) -> None:
+        optimizer = ctx.session.optimizer
+        if optimizer is None or not optimizer.param_groups:
+            return
+        lr = _number(optimizer.param_groups[0].get("lr"))
+        if lr is not None and (not self.changes or self.changes[-1][1] != lr):
+            self.changes.append((ctx.step, lr))
+
+    def at(self, step: int) -> float | None:
+        """The rate in effect at `step` (None before the first step seen)."""
+        rates = [lr for s, lr in self.changes if s <= step]
+        return rates[-1] if rates else None
+
+    def start(self) -> float | None:
+        return self.changes[0][1] if self.changes else None
+
+    def largest_jump(self, until: int) -> LrJump | None:
+        """The step, up to `until`, at which the rate rose by the largest factor."""
+        seen = [c for c in self.changes if c[0] <= until]
+        jumps = [
+            LrJump(step, before, after)
+            for (_, before), (step, after) in itertools.pairwise(seen)
+            if before > 0 and after > before
+        ]
+        return max(jumps, key=lambda j: j.factor, default=None)
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().cpu().item()) if value.numel() == 1 else None
+    return float(value) if isinstance(value, (int, float)) else None

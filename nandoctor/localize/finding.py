@@ -1,0 +1,58 @@
+"""What the replay found: the causal origin of the failure (SPEC's `first_nonfinite`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nandoctor.localize.stats import tensor_stats, value_kind
+from nandoctor.report.evidence import Evidence
+from nandoctor.report.types import Frame
+from nandoctor.runtime.probe import Phase
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The origin of the non-finite value that reached the failure."""
+
+    phase: Phase
+    module: str | None
+    op: str | None
+    tensor: str
+    value: str
+    dtype: str
+    shape: list[int]
+    count: int
+    source: str | None
+    evidence: Evidence = field(default_factory=Evidence)
+    created: bool = True  # False: a deliberate inf (a scalar fill, a constant) carried along
+    frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
+
+
+def finding_of(
+    phase: Phase,
+    module: str | None,
+    op: str | None,
+    role: str,
+    tensor: torch.Tensor,
+    source: str | None,
+    created: bool = True,
+    frames: list[Frame] | None = None,
+) -> Finding:
+    """A finding about `tensor`, its statistics read once (the output's evidence)."""
+    stats = tensor_stats(role, tensor)
+    return Finding(
+        phase=phase,
+        module=module,
+        op=op,
+        tensor=role,
+        value=value_kind(stats),
+        dtype=stats.dtype,
+        shape=stats.shape,
+        count=stats.nonfinite,
+        source=source,
+        evidence=Evidence(output=stats),
+        created=created,
+        frames=list(frames or []),
+    )

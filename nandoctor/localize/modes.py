@@ -1,0 +1,113 @@
+"""The tracer's two modes: every aten op checked (dispatch), every autograd node mapped
+to where its forward ran (torch functions).
+
+`OpChecker` sorts each op before looking at its values:
+- memory an op allocated and left unwritten (`empty_like`, `new_empty`) is not a value:
+  never checked, and what an in-place op later overwrites there held nothing;
+- a view (`view`, `t`, `expand`, `detach`) shows its base's values: it carries the
+  base's lineage, unchecked (one host read saved per view);
+- any other op's outputs (or the tensors an in-place op writes) are checked, one host
+  read per op; a non-finite one goes to `Tracer.examine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nandoctor.localize import ops
+from nandoctor.localize.stats import kinds_of
+from nandoctor.report.types import Frame
+
+if TYPE_CHECKING:
+    from nandoctor.localize.tracer import Tracer
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where the forward of an autograd node ran."""
+
+    module: str | None
+    source: str | None
+    function: str
+    frames: list[Frame] = field(default_factory=list)
+
+
+class OpChecker(TorchDispatchMode):
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.tracer.watching():
+            return func(*args, **kwargs)
+        if ops.leaves_unwritten(func):
+            out = func(*args, **kwargs)
+            self._allocated(func, args, kwargs, ops.output_tensors(out))
+            return out
+        written = ops.written_tensors(func, args, kwargs)
+        before = self._before(func, written)  # their values are about to go
+        out = func(*args, **kwargs)
+        if ops.is_view(func):
+            self._viewed(func, args, kwargs, ops.output_tensors(out))
+        else:
+            self._checked(func, args, kwargs, out, written, before)
+        return out
+
+    def _allocated(self, func: Any, args: tuple, kwargs: dict, outs: list) -> None:
+        self.tracer.record_made(func, args, kwargs, outs, self.tracer.where())
+        for t in outs:
+            self.tracer.origins.allocated(t)
+
+    def _viewed(self, func: Any, args: tuple, kwargs: dict, outs: list) -> None:
+        self.tracer.record_made(func, args, kwargs, outs, self.tracer.where())
+        base = next((t for _, t in ops.named_tensors(func, args, kwargs)), None)
+        if base is not None:
+            self.tracer.origins.share(base, outs)
+
+    def _before(self, func: Any, written: list) -> dict[str, tuple[bool, bool]]:
+        """(NaN, inf) of what an in-place op reads before writing; nothing where the
+        memory was never written, or where the op overwrites without reading."""
+        origins = self.tracer.origins
+        read = [(n, t) for n, t in written if not (ops.overwrites(func, n) or origins.unwritten(t))]
+        kinds = dict.fromkeys((n for n, _ in written), (False, False))
+        kinds.update(zip((n for n, _ in read), kinds_of([t for _, t in read]), strict=True))
+        return kinds
+
+    def _checked(self, func, args, kwargs, out, written, before) -> None:
+        tracer = self.tracer
+        outputs = [t for _, t in written] or ops.output_tensors(out)
+        where = tracer.where()
+        tracer.record_made(func, args, kwargs, outputs, where)
+        for _, t in written:
+            tracer.origins.written(t)
+        floats = [(i, t) for i, t in enumerate(outputs) if t.is_floating_point()]
+        if not floats:
+            return
+        flags = torch.stack([~torch.isfinite(t).all() for _, t in floats]).tolist()
+        bad = [pair for pair, flag in zip(floats, flags, strict=True) if flag]
+        if written:  # an in-place op that made its target finite again: it healed
+            for (_, t), flag in zip(floats, flags, strict=True):
+                if not flag:
+                    tracer.origins.forget(t)
+        if bad:
+            with tracer.quiet():
+                tracer.examine(func, args, kwargs, bad, before, where)
+
+
+class NodeRecorder(TorchFunctionMode):
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.tracer.watching():
+            for t in ops.output_tensors(out):
+                self.tracer.note_node(t.grad_fn, func)
+        return out

@@ -1,0 +1,181 @@
+"""The safe form of one op, for the "guard the origin op" what-if (patches.OriginGuardPatch).
+
+An op is known by its family, the name the report and torch's Python API share once the
+namespaces, in-place underscores and dunders are peeled off: `aten.div.Tensor`,
+`torch.Tensor.div_` and `x / y` are all "div". Each family has one way of being made safe,
+chosen so that the value *and* its gradient stay finite, the way a user would fix it:
+
+| kind | families | the safe form |
+|---|---|---|
+| denominator | div, `x / y` | the denominator moved away from 0 (|d| >= the dtype's eps) |
+| self away from 0 | reciprocal, `2 / x` | the input moved away from 0 |
+| floor | log, log2, log10, sqrt, rsqrt | the input clamped to the dtype's smallest normal |
+| above -1 | log1p | the input clamped to -1 + eps |
+| unit | acos, asin, atanh | the input clamped into [-1 + eps, 1 - eps] |
+| pow | pow, `x ** p` | a root (0 < p < 1): floor; a negative power: away from 0; else float32 |
+| float32 | exp, matmul, linear, any other op | run in float32, autocast off |
+
+The clamps are differentiable (a clamped entry gets a zero gradient, never inf * 0), so the
+backward of a guarded sqrt at 0 is as finite as its forward. Nothing here knows about
+causes or reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from enum import Enum
+from typing import Any
+
+import torch
+
+
+class Kind(str, Enum):
+    DENOMINATOR = "denominator moved away from 0"
+    SELF_AWAY = "input moved away from 0"
+    FLOOR = "input clamped to the smallest normal number"
+    ABOVE_MINUS_ONE = "input clamped above -1"
+    UNIT = "input clamped into (-1, 1)"
+    POW = "base kept in the power's domain"
+    FLOAT32 = "run in float32"
+
+
+# name -> (family, kind); a name not listed is its own family, run in float32
+_TABLE: dict[str, tuple[str, Kind]] = {
+    **dict.fromkeys(
+        ("div", "divide", "true_divide", "__truediv__", "__itruediv__"), ("div", Kind.DENOMINATOR)
+    ),
+    **dict.fromkeys(("__rtruediv__", "reciprocal"), ("div", Kind.SELF_AWAY)),
+    **{name: (name, Kind.FLOOR) for name in ("log", "log2", "log10", "sqrt", "rsqrt")},
+    "log1p": ("log1p", Kind.ABOVE_MINUS_ONE),
+    **dict.fromkeys(("acos", "arccos"), ("acos", Kind.UNIT)),
+    **dict.fromkeys(("asin", "arcsin"), ("asin", Kind.UNIT)),
+    **dict.fromkeys(("atanh", "arctanh"), ("atanh", Kind.UNIT)),
+    **dict.fromkeys(("pow", "__pow__", "__ipow__", "float_power"), ("pow", Kind.POW)),
+    "__rpow__": ("pow", Kind.FLOAT32),
+    **dict.fromkeys(
+        ("mm", "bmm", "addmm", "matmul", "__matmul__", "linear", "baddbmm", "addbmm"),
+        ("matmul", Kind.FLOAT32),
+    ),
+}
+_OVERFLOWING = frozenset({"exp", "exp2", "expm1", "pow"})  # float32 guards them in any case
+
+
+def base_name(name: str) -> str:
+    """The op's own name: "aten.div_.Tensor" -> "div_", "torch.Tensor.sqrt" -> "sqrt",
+    "torch.nn.functional.linear" -> "linear", "aten._softmax.default" -> "_softmax"."""
+    if name.startswith("aten."):
+        parts = name.split(".")
+        return parts[1] if len(parts) > 1 else name
+    return name.rsplit(".", 1)[-1]
+
+
+def family(name: str) -> tuple[str, Kind]:
+    """The family and the safe form of an op named as the report or torch's API names it."""
+    base = base_name(name)
+    if not base.startswith("__"):
+        base = base.strip("_")
+    return _TABLE.get(base, (base, Kind.FLOAT32))
+
+
+def guards_float32(fam: str, overflowed: bool) -> bool:
+    """Running in float32 is the guard of an op that overflowed, or of exp and pow; for any
+    other op (a NaN out of std's backward, say) float32 would change nothing."""
+    return overflowed or fam in _OVERFLOWING
+
+
+def in_place(name: str) -> bool:
+    base = base_name(name)
+    return base.startswith("__i") or (base.endswith("_") and not base.endswith("__"))
+
+
+def safe_call(func: Callable, name: str, args: tuple, kwargs: dict) -> Any:
+    """Call `func` (whose family is `name`'s) in its safe form."""
+    _, kind = family(name)
+    if kind is Kind.POW:
+        kind = _pow_kind(args, kwargs)
+    if kind is Kind.FLOAT32:
+        return in_float32(func, args, kwargs)
+    if kind is Kind.DENOMINATOR:
+        if len(args) > 1 and isinstance(args[1], torch.Tensor):
+            args = (args[0], away_from_zero(args[1]), *args[2:])
+        elif isinstance(kwargs.get("other"), torch.Tensor):
+            kwargs = {**kwargs, "other": away_from_zero(kwargs["other"])}
+        return func(*args, **kwargs)
+    x = args[0]
+    safe = _SAFE[kind](x, in_place(name))
+    return func(safe, *args[1:], **kwargs)
+
+
+def away_from_zero(d: torch.Tensor) -> torch.Tensor:
+    """`d` with every entry closer to 0 than the dtype's eps moved out to +-eps (its sign
+    kept, +eps for 0): x / d is then at most x / eps, and so is its gradient."""
+    if not d.is_floating_point():
+        return d
+    eps = torch.finfo(d.dtype).eps
+    out = torch.where(d < 0, -eps, eps).to(d.dtype)
+    return torch.where(d.abs() < eps, out, d)
+
+
+def _floor(x: torch.Tensor, inplace: bool) -> torch.Tensor:
+    tiny = torch.finfo(x.dtype).tiny
+    return x.clamp_min_(tiny) if inplace else x.clamp_min(tiny)
+
+
+def _above_minus_one(x: torch.Tensor, inplace: bool) -> torch.Tensor:
+    low = -1 + torch.finfo(x.dtype).eps
+    return x.clamp_min_(low) if inplace else x.clamp_min(low)
+
+
+def _unit(x: torch.Tensor, inplace: bool) -> torch.Tensor:
+    eps = torch.finfo(x.dtype).eps
+    return x.clamp_(-1 + eps, 1 - eps) if inplace else x.clamp(-1 + eps, 1 - eps)
+
+
+def _self_away(x: torch.Tensor, inplace: bool) -> torch.Tensor:
+    return x.copy_(away_from_zero(x)) if inplace else away_from_zero(x)
+
+
+_SAFE: dict[Kind, Callable[[torch.Tensor, bool], torch.Tensor]] = {
+    Kind.FLOOR: _floor,
+    Kind.ABOVE_MINUS_ONE: _above_minus_one,
+    Kind.UNIT: _unit,
+    Kind.SELF_AWAY: _self_away,
+}
+
+
+def _pow_kind(args: tuple, kwargs: dict) -> Kind:
+    """x ** p: a root floors x, a negative power keeps x away from 0; p >= 1: float32."""
+    p = args[1] if len(args) > 1 else kwargs.get("exponent")
+    if not isinstance(p, (int, float)) or p >= 1 or p == 0:
+        return Kind.FLOAT32
+    if p < 0 and float(p).is_integer():
+        return Kind.SELF_AWAY
+    return Kind.FLOOR
+
+
+def in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """`func` on float32 copies of its half-precision inputs, with autocast off."""
+    with _no_autocast():
+        return func(*_upcast(args), **_upcast(kwargs))
+
+
+def _upcast(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.dtype in (torch.float16, torch.bfloat16) else obj
+    if isinstance(obj, tuple):
+        return tuple(_upcast(x) for x in obj)
+    if isinstance(obj, list):
+        return [_upcast(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _upcast(v) for k, v in obj.items()}
+    return obj
+
+
+@contextlib.contextmanager
+def _no_autocast() -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield

@@ -1,0 +1,118 @@
+"""The tracer on real architectures (tiny, random-init transformers models on the CPU):
+the causal origin of each designed failure, the values that heal on the way listed and
+never blamed, the library line and the user's, and the same report on every run.
+
+The models and their failures are in tests/real_models.py; the expected lines are found
+independently, by the marker comment on them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.report.types import Report
+from nandoctor.setup.load import load_config
+from tests import real_models
+
+pytest.importorskip("transformers")
+
+RUNS = 3  # same config, same report, every time
+HELPER = Path(real_models.__file__)
+
+
+def line_of(marker: str) -> int:
+    for number, line in enumerate(HELPER.read_text().splitlines(), start=1):
+        if re.search(rf"# marker:{marker}\b", line):
+            return number
+    raise AssertionError(marker)
+
+
+def config(tmp_path: Path, name: str, dtype: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"model: tests.real_models:{name}\n"
+        f"data: tests.real_models:{DATA[name]}\n"
+        f"loss: tests.real_models:{LOSS[name]}\n"
+        "optimizer: {name: AdamW, lr: 1.0e-3}\n"
+        f"precision: {{dtype: {dtype}}}\n"
+        "steps: 4\n"
+        "device: cpu\n"
+    )
+    return path
+
+
+DATA = {"gpt2": "lm_data", "t5": "seq2seq_data", "bert": "mlm_data"}
+LOSS = {"gpt2": "gpt2_consistency_loss", "t5": "t5_contrastive_loss", "bert": "mlm_loss"}
+
+
+def reports(path: Path) -> list[Report]:
+    loaded = load_config(path)
+    return [diagnose(loaded, DiagnoseOptions(verify=False)) for _ in range(RUNS)]
+
+
+def same_every_time(runs: list[Report]) -> Report:
+    first, *others = [{k: v for k, v in r.to_dict().items() if k != "timing"} for r in runs]
+    for other in others:
+        assert other == first
+    return runs[0]
+
+
+def user_line(report: Report) -> tuple[str, int]:
+    path, _, line = report.first_nonfinite.source.rpartition(":")
+    return Path(path).name, int(line)
+
+
+def test_gpt2_with_sdpa_and_dropout_sqrt_at_zero_in_the_backward(tmp_path):
+    report = same_every_time(reports(config(tmp_path, "gpt2", "bfloat16")))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "backward", None)
+    assert (first.op, first.tensor) == ("aten.div.Tensor", "grad_input")
+    assert report.evidence.backward_of == "torch.sqrt (SqrtBackward0)"
+    assert user_line(report) == (HELPER.name, line_of("gpt2-sqrt"))
+    # dropout's buffers are allocated with empty_like: never a value, never listed
+    assert not any("empty" in (t.op or "") for t in report.transients)
+    assert report.causes[0].id == "nondifferentiable-point"
+
+
+def test_gpt2_in_float16_the_nan_the_grad_scaler_skips_is_the_failure_at_its_step(tmp_path):
+    """The GradScaler skips step 0 (NaN gradients) as it would an overflow; rerun at loss
+    scale 1 its gradients are still NaN: the failure, at that step, traced unscaled."""
+    report = same_every_time(reports(config(tmp_path, "gpt2", "float16")))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "backward", None)
+    assert (first.op, first.tensor) == ("aten.div.Tensor", "grad_input")
+    assert report.evidence.backward_of == "torch.sqrt (SqrtBackward0)"
+    assert user_line(report) == (HELPER.name, line_of("gpt2-sqrt"))
+    assert report.events == [] and "the scaler hid a real failure" in report.summary
+    assert any("replayed at loss scale 1" in note for note in report.notes)
+
+
+def test_t5_takes_log_of_zero_every_step_and_it_is_never_the_origin(tmp_path):
+    report = same_every_time(reports(config(tmp_path, "t5", "float32")))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (real_models.BAD_STEP, "loss", None)
+    assert (first.op, first.value) == ("aten.div.Tensor", "nan")
+    assert user_line(report) == (HELPER.name, line_of("t5-norm"))
+    healed = {(t.module, t.op, t.phase, t.value) for t in report.transients}
+    assert healed == {
+        (f"{stack}.block.0.layer.0.SelfAttention", "aten.log.default", "forward", "-inf")
+        for stack in ("encoder", "decoder")
+    }
+    assert report.causes[0].id == "division-by-zero"
+
+
+def test_bert_with_a_padding_mask_and_nothing_to_predict_fails_inside_the_library(tmp_path):
+    report = same_every_time(reports(config(tmp_path, "bert", "float32")))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (real_models.BAD_STEP, "forward", "")
+    assert (first.op, first.value) == ("aten.nll_loss_forward.default", "nan")
+    functional, modeling, user = first.frames
+    assert (functional.file, functional.user) == ("torch/nn/functional.py", False)
+    assert (modeling.file, modeling.user) == ("transformers/models/bert/modeling_bert.py", False)
+    assert (Path(user.file).name, user.line, user.user) == (HELPER.name, line_of("bert-loss"), True)
+    assert first.source == f"{user.file}:{user.line}"
+    assert report.transients == []  # the mask adds the dtype's minimum: finite, nothing healed
