@@ -9,7 +9,7 @@ import sys
 from typer.testing import CliRunner
 
 from nandoctor.cli import app
-from tests.conftest import CONFIGS, base_config
+from tests.conftest import CONFIGS, TRAIN_PY, base_config
 
 runner = CliRunner()
 
@@ -127,11 +127,26 @@ def test_sigterm_stops_the_run_writes_a_partial_report_and_exits_130(project, tm
     import signal
     import time
 
-    path = project(base_config(steps=10_000_000))
+    started = tmp_path / "stepping"
+    code = (
+        TRAIN_PY
+        + f"""
+
+def loss(model, batch):  # marks that the run is stepping, so the signal lands mid-run
+    import pathlib
+    pathlib.Path({str(started)!r}).touch()
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+"""
+    )
+    path = project(base_config(steps=10_000_000, loss="train.py:loss"), code)
     out = tmp_path / "report.json"
     command = [sys.executable, "-m", "nandoctor", "diagnose", str(path), "--json", str(out), "-q"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)  # importing torch, building, a few thousand steps
+    deadline = time.perf_counter() + 120  # a loaded machine imports torch slowly
+    while not started.exists() and time.perf_counter() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(1)  # some steps done
     sent = time.perf_counter()
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
