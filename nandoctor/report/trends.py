@@ -137,8 +137,8 @@ def _final_streak(steps: list[int], skipped: set[int]) -> tuple[int, int | None]
 def _scales_of(telemetry: Telemetry, start: int | None) -> tuple[float | None, float | None]:
     """The loss scale the telemetry shows at step `start` and at the last step."""
     scales = dict(zip(telemetry.step, telemetry.scale, strict=False))
-    at_start = scales.get(start) if start is not None else None
-    return at_start, scales.get(telemetry.step[-1]) if telemetry.step else None
+    last = scales.get(telemetry.step[-1]) if telemetry.step else None
+    return scales.get(start) if start is not None else None, last
 
 
 def _first_streak(steps: list[int]) -> int:

@@ -340,9 +340,10 @@ class Judge:
         self.counted += r.scale <= STREAK_CEILING
         next_scale = r.scale * self.backoff
         if self.counted >= self.max_streak or next_scale < self.min_scale:
+            run = f"{self.streak} steps in a row from step" if self.streak > 1 else "step"
             why = (
-                f"the GradScaler skipped {self.streak} steps in a row from step "
-                f"{self.streak_start}; the loss scale fell to {_fmt(next_scale)}"
+                f"the GradScaler skipped {run} {self.streak_start}; "
+                f"the loss scale fell to {_fmt(next_scale)}"
             )
             return Verdict(r, failed=True, step=self.streak_start, phase=Phase.BACKWARD, why=why)
         reason = UNCHECKED if still_bad is None else OVERFLOW
