@@ -48,7 +48,9 @@ class SessionSteps:
 @dataclass(frozen=True)
 class KeptStep:
     """A step's function and its arguments in host memory, with each tensor's device.
-    Never mutated, so copies share it (the store deep-copies what it keeps)."""
+    Never mutated, so copies share it; the snapshot store keeps it as it is
+    (`copied=True`: walking it would copy its tensors twice), each replay gets fresh
+    copies of its arguments."""
 
     fn: StepFn
     leaves: tuple[Any, ...]

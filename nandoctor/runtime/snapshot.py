@@ -152,8 +152,10 @@ class SnapshotStore:
         self._pinned: StateSnapshot | None = None
         self._batches: dict[int, Any] = {}
 
-    def before_step(self, step: int, batch: Any) -> None:
-        self._batches[step] = _host_copy(batch)
+    def before_step(self, step: int, batch: Any, *, copied: bool = False) -> None:
+        """Keep `batch` (a private host copy of it, unless it is `copied` already: a
+        Guard's `KeptStep`) and, by the policy, the state the step starts from."""
+        self._batches[step] = batch if copied else _host_copy(batch)
         if not self._snapshots or step - self._snapshots[-1].step >= self._every():
             self._capture(step)
         self._forget_old_batches()
