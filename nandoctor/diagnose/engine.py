@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose import verify as whatif
 from nandoctor.diagnose.assemble import Findings, assemble
+from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.diagnose.explain import case_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
@@ -43,7 +44,6 @@ from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 SessionCallback = Callable[[Session], None]
-DEFAULT_VERIFY_BUDGET = 300.0  # seconds for all what-if replays together
 
 
 @dataclass(frozen=True)
