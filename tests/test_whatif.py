@@ -60,13 +60,14 @@ def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
     )
     assert resumed, by_id["log-of-softmax"].verification
     assert 0 < int(resumed[1]) <= step and int(resumed[3]) == step + 32 - int(resumed[1]) + 1
-    # a smaller learning rate needs the whole history: from step 0, a quarter further
+    # a smaller learning rate two steps before the failure is too late: refuted from the
+    # snapshot, it is replayed from step 0 (a quarter further), where it holds
     assert by_id["learning-rate-too-high"].verified is True
     horizon = max(32, step // 4)
     assert (
-        f"applied from step 0, {step + horizon + 1}/{step + horizon + 1} steps stayed finite, "
+        f"; applied from step 0, {step + horizon + 1}/{step + horizon + 1} steps stayed finite, "
         f"to step {step + horizon}" in by_id["learning-rate-too-high"].verification
-    )
+    ), by_id["learning-rate-too-high"].verification
     # clipping alone does not save this run, from the snapshot nor from the start: reported
     # as failed, not dropped, and ranked below both causes whose fixes held
     clipped = by_id["exploding-gradients"]
@@ -101,11 +102,26 @@ def test_a_replay_resumed_from_a_snapshot_sees_the_run_as_it_was():
 
 
 def test_only_fixes_that_need_the_whole_history_replay_from_the_start():
-    assert {Change.SMALLER_LR, Change.ZERO_NONFINITE_WEIGHTS} == FROM_START
-    loaded, mm = load_config(CONFIGS / "seed-fp16-nan.yaml"), case("aten.mm.default")
-    smaller = plan("learning-rate-too-high", Fix(Change.SMALLER_LR), mm, loaded)
-    bf16 = plan("fp16-overflow", Fix(Change.BFLOAT16), mm, loaded)
-    assert smaller.from_start and not bf16.from_start
+    assert {Change.ZERO_NONFINITE_WEIGHTS} == FROM_START
+    loaded = load_config(CONFIGS / "nonfinite-parameters.yaml")
+    zeroed = plan("nonfinite-parameters", Fix(Change.ZERO_NONFINITE_WEIGHTS), case(None), loaded)
+    bf16 = plan("fp16-overflow", Fix(Change.BFLOAT16), case("aten.mm.default"), loaded)
+    assert zeroed.from_start and not bf16.from_start
+
+
+def test_a_smaller_rate_resumed_from_a_snapshot_scales_the_rate_in_effect():
+    """A user resuming with lr / 10 gets a tenth of the rate the schedule had reached,
+    and the scheduler keeps scheduling from a tenth of its base rate."""
+    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
+    session = build_session(loaded)
+    store = SnapshotStore(session, every=1)
+    fast_run(session, 3, store=store)
+    smaller = CHANGES[Change.SMALLER_LR.name](case("aten.mm.default"), loaded)
+    fixed = build_session(smaller.loaded)
+    Resume(store.resume_point(2), loaded).apply(fixed, smaller.loaded)
+    lr = loaded.config.optimizer.kwargs["lr"]
+    assert fixed.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 10)
+    assert fixed.start_step == 2
 
 
 def test_a_spent_budget_leaves_causes_unverified():

@@ -57,9 +57,8 @@ from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 MIN_HORIZON = 32
-# NB: a 10x smaller rate from step 960 does not undo 960 steps taken at the large one, and
-# loaded weights are zeroed as they are loaded: these are replayed from the run's start.
-FROM_START = frozenset({Change.SMALLER_LR, Change.ZERO_NONFINITE_WEIGHTS})
+# NB: loaded weights are zeroed as they are loaded: that fix is replayed from the run's start
+FROM_START = frozenset({Change.ZERO_NONFINITE_WEIGHTS})
 
 
 @dataclass(frozen=True)
@@ -318,15 +317,27 @@ class Resume:
     original: LoadedConfig
 
     def apply(self, session: Session, fixed: LoadedConfig) -> None:
+        """Load the snapshot into `session`, keeping the fix's optimizer settings: a
+        changed `lr` scales the rate in effect (and a scheduler's base rates) by the same
+        factor, as a user who resumes with a smaller rate sees it."""
         self.snapshot.restore(session)
+        before = self.original.config.optimizer.kwargs
+        changed = {k: v for k, v in fixed.config.optimizer.kwargs.items() if before.get(k) != v}
+        factor = _factor(before.get("lr"), changed.pop("lr", None))
         for group in session.optimizer.param_groups:
-            group.update(_changed(self.original.config.optimizer.kwargs, fixed))
+            group.update(changed)
+            for key in ("lr", "initial_lr") if factor is not None else ():
+                if key in group:
+                    group[key] = group[key] * factor
+        base_lrs = getattr(session.scheduler, "base_lrs", None)
+        if factor is not None and base_lrs is not None:
+            session.scheduler.base_lrs = [lr * factor for lr in base_lrs]
         session.start_step = self.snapshot.step
 
 
-def _changed(before: dict[str, Any], fixed: LoadedConfig) -> dict[str, Any]:
-    after = fixed.config.optimizer.kwargs
-    return {k: v for k, v in after.items() if k not in before or before[k] != v}
+def _factor(before: Any, after: Any) -> float | None:
+    numbers = isinstance(before, (int, float)) and isinstance(after, (int, float))
+    return after / before if numbers and before else None
 
 
 def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = None) -> Verdict:
