@@ -115,7 +115,7 @@ def host_reads(workload: Workload, size: str, device: str, steps: int = 5) -> di
             _run(cand, batches[2:])
         cand.close()
         out[name] = counts["reads"] / steps
-    if device == "cuda":
+    if device.startswith("cuda"):
         out.update(_cuda_syncs(workload, size, steps))
     return out
 
@@ -126,7 +126,9 @@ def _cuda_syncs(workload: Workload, size: str, steps: int) -> dict[str, float]:
 
     out = {}
     loaded = workload.config(size, steps + 2, "cuda")
-    for name in ("plain", "sentinel", "guard"):
+    for name in ("plain", "sentinel", "sentinel+snapshots", "guard", "watch"):
+        if name not in available():
+            continue
         cand = available()[name](build_session(loaded))
         batches = [b for _, b in itertools.islice(cand.session.batches, steps + 2)]
         _run(cand, batches[:2])
