@@ -115,7 +115,7 @@ def host_reads(workload: Workload, size: str, device: str, steps: int = 5) -> di
             _run(cand, batches[2:])
         cand.close()
         out[name] = counts["reads"] / steps
-    if device == "cuda":
+    if device.startswith("cuda"):
         out.update(_cuda_syncs(workload, size, steps))
     return out
 
@@ -126,7 +126,9 @@ def _cuda_syncs(workload: Workload, size: str, steps: int) -> dict[str, float]:
 
     out = {}
     loaded = workload.config(size, steps + 2, "cuda")
-    for name in ("plain", "sentinel", "guard"):
+    for name in ("plain", "sentinel", "sentinel+snapshots", "guard", "watch"):
+        if name not in available():
+            continue
         cand = available()[name](build_session(loaded))
         batches = [b for _, b in itertools.islice(cand.session.batches, steps + 2)]
         _run(cand, batches[:2])
@@ -168,6 +170,35 @@ def time_to_diagnosis(
     first = report.first_nonfinite
     found = f"step {first.step}, phase {first.phase}, {first.tensor}" if first else report.status
     return DiagnosisTime(failing_step, plain, ours, anomaly, found)
+
+
+@dataclass
+class VerifiedTime:
+    failing_step: int
+    plain_s: float  # the plain loop reaching (and running) the failing step
+    nandoctor_s: float  # diagnose with every applicable fix replayed
+    found: str  # what nandoctor reported
+    verdicts: list[str]  # per cause: its id, and its verification sentence
+
+    @property
+    def ratio(self) -> float:
+        return self.nandoctor_s / self.plain_s
+
+
+def time_to_verified_diagnosis(
+    workload: Workload, size: str, device: str, failing_step: int
+) -> VerifiedTime:
+    """`diagnose` with verification (no budget cut: every fix is replayed), next to the
+    plain loop reaching the failing step: the answer a user gets instead of anomaly mode's."""
+    loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
+    plain = _timed(lambda: _loop_until(loaded, failing_step, anomaly=False))
+    start = time.perf_counter()
+    report = diagnose(loaded, DiagnoseOptions(verify=True, verify_budget=float("inf")))
+    ours = time.perf_counter() - start
+    first = report.first_nonfinite
+    found = f"step {first.step}, phase {first.phase}, {first.tensor}" if first else report.status
+    verdicts = [f"{c.id}: {c.verification}" for c in report.causes]
+    return VerifiedTime(failing_step, plain, ours, found, verdicts)
 
 
 def _loop_until(loaded, failing_step: int, anomaly: bool) -> None:

@@ -19,7 +19,12 @@ from benchmarks import measure
 from benchmarks.render import render_markdown, render_png
 from benchmarks.workloads import WORKLOADS
 
-STEP_WORKLOADS = ["transformer-bf16", "mlp-fp16", "mlp-bf16", "convnet-bf16"]
+STEP_WORKLOADS = [
+    "transformer-bf16", "mlp-fp16", "mlp-bf16", "convnet-bf16",
+    "transformer-fp32", "mlp-fp32", "convnet-fp32",
+]  # fmt: skip
+# NB: the instruction sets that decide how fast a CPU runs half precision
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         for w in step_names
     ]
     focus = WORKLOADS[args.focus]
+    # NB: on a GPU every workload: its synchronisations per step are the figure to settle
+    read_names = step_names if args.device.startswith("cuda") else [args.focus, "mlp-fp16"]
     results["host_reads"] = {
-        w: measure.host_reads(WORKLOADS[w], args.size, args.device)
-        for w in (args.focus, "mlp-fp16")
+        w: measure.host_reads(WORKLOADS[w], args.size, args.device) for w in read_names
     }
     diagnosis = measure.time_to_diagnosis(focus, args.size, args.device, args.failing_step)
     results["time_to_diagnosis"] = {**dataclasses.asdict(diagnosis), "ratio": diagnosis.ratio}
+    verified = measure.time_to_verified_diagnosis(
+        WORKLOADS[args.verified_workload], args.size, args.device, args.verified_failing_step
+    )
+    results["time_to_verified_diagnosis"] = {
+        **dataclasses.asdict(verified),
+        "workload": args.verified_workload,
+        "ratio": verified.ratio,
+    }
     results["replay_cost"] = dataclasses.asdict(measure.replay_cost(focus, args.size, args.device))
     memory = measure.snapshot_memory(focus, args.size, args.device)
     results["snapshot_memory"] = {**dataclasses.asdict(memory), "ratio": memory.ratio}
@@ -60,12 +74,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def machine(args: argparse.Namespace) -> dict:
-    cpu = "unknown CPU"
+    cpu, flags = "unknown CPU", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == "unknown CPU":
                 cpu = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     import os
@@ -77,6 +92,7 @@ def machine(args: argparse.Namespace) -> dict:
     )
     return {
         "cpu": cpu,
+        "cpu_flags": {flag: flag in flags for flag in CPU_FLAGS} if flags else None,
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -95,6 +111,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--focus", default="transformer-bf16", help="the workload of the detailed figures"
+    )
+    p.add_argument(
+        "--verified-workload", default="mlp-bf16", help="the run of the verified diagnosis"
+    )
+    p.add_argument(
+        "--verified-failing-step",
+        type=int,
+        default=1000,
+        help="where the run of the verified diagnosis fails",
     )
     p.add_argument("--workloads", nargs="*", help="only these step-time workloads")
     p.add_argument(

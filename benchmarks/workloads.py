@@ -1,5 +1,10 @@
 """Realistic CPU workloads in plain torch: an MLP, a small decoder-only transformer and a
-small conv net, each with float16 + GradScaler or bfloat16, at three sizes."""
+small conv net, with float16 + GradScaler, bfloat16 or float32, at three sizes.
+
+NB: float32 is measured too. A CPU without AVX512-BF16 (or AMX) emulates bfloat16 matmuls
+slowly, and float16 ones slower still: the plain step grows and every overhead ratio
+shrinks. float32 steps run at the CPU's full speed, so they show the sentinel's cost as
+users of such CPUs (and of GPUs, where every dtype is fast) meet it."""
 
 from __future__ import annotations
 
@@ -179,6 +184,27 @@ WORKLOADS = {
             "benchmarks.workloads:image_data",
             None,
             "bfloat16",
+        ),
+        Workload(
+            "transformer-fp32",
+            "benchmarks.workloads:Decoder",
+            "benchmarks.workloads:text_data",
+            "benchmarks.workloads:text_loss",
+            "float32",
+        ),
+        Workload(
+            "mlp-fp32",
+            "benchmarks.workloads:build_mlp",
+            "benchmarks.workloads:mlp_data",
+            None,
+            "float32",
+        ),
+        Workload(
+            "convnet-fp32",
+            "benchmarks.workloads:build_convnet",
+            "benchmarks.workloads:image_data",
+            None,
+            "float32",
         ),
     )
 }

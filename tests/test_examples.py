@@ -354,7 +354,10 @@ VERDICTS = {
     "fully-masked-softmax.yaml": (True, "finite minimum"),
     # guarding the op alone is not enough (the gradients overflow float16 everywhere
     # they flow); bfloat16, its other remedy, is
-    "grad-scaler-collapse.yaml": (True, "guarded (run in float32), the run still went"),
+    "grad-scaler-collapse.yaml": (
+        True,
+        "guarded (run in float32), applied from step 0, the run still went",
+    ),
     "invalid-domain.yaml": (True, "the sqrt at speaker_id.py:"),
     "learning-rate-too-high.yaml": (True, "a 10x smaller learning rate"),
     # a log kept finite cannot revive the ReLU that made its zero: the loss climbs

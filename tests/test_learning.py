@@ -54,3 +54,15 @@ def test_too_few_finite_steps_to_judge_leave_the_verdict_to_finiteness():
 def test_the_reference_is_the_mean_of_the_last_finite_losses():
     assert reference_loss([9.0, 1.0, 2.0, math.inf, 3.0, 4.0, 5.0]) == 3.0
     assert reference_loss([math.nan]) is None and reference_loss([]) is None
+
+
+def test_a_resumed_check_late_in_the_run_may_be_flat():
+    """From a snapshot near the failure the loss is nearly flat already: a flat check that
+    stays where the original was is learning; one that climbs far above it is not."""
+    flat = [1.10 + 0.001 * (i % 3) for i in range(40)]
+    assert not learning_of(flat, reference=1.1).learned
+    assert learning_of(flat, reference=1.1, resumed=True).learned
+    climbing = falling(1.1, 5.0)
+    assert not learning_of(climbing, reference=1.1, resumed=True).learned
+    # without the original's losses to compare with, the gain is still asked for
+    assert not learning_of(flat, reference=None, resumed=True).learned

@@ -5,6 +5,7 @@ causes are ranked again by what their replays showed."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 
@@ -16,18 +17,25 @@ from nandoctor.causes.unit import GUARD_ORIGIN, Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.diagnose.verify import (
     CHANGES,
+    FROM_START,
+    Plan,
+    Resume,
     Verdict,
     applies,
     combined,
     origin_site,
     plan,
+    run_plan,
     verify,
 )
 from nandoctor.registry import DuplicateError
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Cause, Frame
+from nandoctor.runtime.fast_run import fast_run
 from nandoctor.runtime.patches import PATCHES, EpsilonPatch, OriginGuardPatch
+from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.setup.load import load_config
+from nandoctor.setup.session import build_session
 from tests.conftest import CONFIGS
 from tests.test_examples import report_of
 from tests.test_rules import case
@@ -43,18 +51,77 @@ def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
     assert report.causes[0].id == "log-of-softmax"
     assert {"log-of-softmax", "exploding-gradients", "learning-rate-too-high"} <= set(by_id)
     step = report.first_nonfinite.step
+    # the patch resumes from the newest snapshot before the failure, 32 steps past it
     assert by_id["log-of-softmax"].verified is True
-    horizon = max(32, step // 4)  # a quarter of the way to the failure, at least 32 steps
-    assert (
-        f"to step {step + horizon}, past the failing step {step}"
-        in by_id["log-of-softmax"].verification
+    resumed = re.search(
+        r"applied from step (\d+) \(resumed from a snapshot\), (\d+)/(\d+) steps stayed finite, "
+        rf"to step {step + 32}, past the failing step {step}",
+        by_id["log-of-softmax"].verification,
     )
+    assert resumed, by_id["log-of-softmax"].verification
+    assert 0 < int(resumed[1]) <= step and int(resumed[3]) == step + 32 - int(resumed[1]) + 1
+    # a smaller learning rate two steps before the failure is too late: refuted from the
+    # snapshot, it is replayed from step 0 (a quarter further), where it holds
     assert by_id["learning-rate-too-high"].verified is True
-    # clipping alone does not save this run: reported as failed, not dropped, and ranked
-    # below both causes whose fixes held, whatever the rules' confidence
-    assert by_id["exploding-gradients"].verified is False
-    assert "still went non-finite at step" in by_id["exploding-gradients"].verification
+    horizon = max(32, step // 4)
+    assert (
+        f"; applied from step 0, {step + horizon + 1}/{step + horizon + 1} steps stayed finite, "
+        f"to step {step + horizon}" in by_id["learning-rate-too-high"].verification
+    ), by_id["learning-rate-too-high"].verification
+    # clipping alone does not save this run, from the snapshot nor from the start: reported
+    # as failed, not dropped, and ranked below both causes whose fixes held
+    clipped = by_id["exploding-gradients"]
+    assert clipped.verified is False
+    assert re.fullmatch(
+        r"with unscale_ then clip_grad_norm_\(1.0\), applied from step \d+ \(resumed from a "
+        r"snapshot\), the run still went non-finite at step \d+ \(phase \w+\); applied from "
+        r"step 0, the run still went non-finite at step \d+ \(phase \w+\)",
+        clipped.verification,
+    ), clipped.verification
     assert [c.id for c in report.causes][-1] == "exploding-gradients"
+
+
+def test_a_replay_resumed_from_a_snapshot_sees_the_run_as_it_was():
+    """Resumed with nothing changed, the replay fails at the very step the run failed:
+    the snapshot's weights, optimizer, scaler and RNG and the stream's batches line up."""
+    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
+    session = build_session(loaded)
+    store = SnapshotStore(session, every=4)
+    failing = fast_run(session, loaded.config.steps, store=store).failure.step
+    snapshot = store.resume_point(failing - 1)
+    assert 0 < snapshot.step < failing
+    c = case("aten.log.default", "loss")
+    c = replace(c, first=replace(c.first, step=failing))
+    unchanged = Plan("with nothing changed", loaded)
+    verdict = run_plan(unchanged, c, time.perf_counter() + 120, Resume(snapshot, loaded))
+    assert verdict.replay is Replay.REFUTED
+    assert verdict.sentence == (
+        f"with nothing changed, applied from step {snapshot.step} (resumed from a snapshot), "
+        f"the run still went non-finite at step {failing} (phase loss)"
+    )
+
+
+def test_only_fixes_that_need_the_whole_history_replay_from_the_start():
+    assert {Change.ZERO_NONFINITE_WEIGHTS} == FROM_START
+    loaded = load_config(CONFIGS / "nonfinite-parameters.yaml")
+    zeroed = plan("nonfinite-parameters", Fix(Change.ZERO_NONFINITE_WEIGHTS), case(None), loaded)
+    bf16 = plan("fp16-overflow", Fix(Change.BFLOAT16), case("aten.mm.default"), loaded)
+    assert zeroed.from_start and not bf16.from_start
+
+
+def test_a_smaller_rate_resumed_from_a_snapshot_scales_the_rate_in_effect():
+    """A user resuming with lr / 10 gets a tenth of the rate the schedule had reached,
+    and the scheduler keeps scheduling from a tenth of its base rate."""
+    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
+    session = build_session(loaded)
+    store = SnapshotStore(session, every=1)
+    fast_run(session, 3, store=store)
+    smaller = CHANGES[Change.SMALLER_LR.name](case("aten.mm.default"), loaded)
+    fixed = build_session(smaller.loaded)
+    Resume(store.resume_point(2), loaded).apply(fixed, smaller.loaded)
+    lr = loaded.config.optimizer.kwargs["lr"]
+    assert fixed.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 10)
+    assert fixed.start_step == 2
 
 
 def test_a_spent_budget_leaves_causes_unverified():

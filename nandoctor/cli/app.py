@@ -11,11 +11,11 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch.distributed
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -58,14 +58,21 @@ def handles_errors(command: F) -> F:
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
             outcome = Outcome(interrupted=True)
-        except torch.distributed.DistError as e:  # a peer rank died or hung
-            if kwargs.get("debug"):
+        except Exception as e:
+            if not _peer_failure(e) or kwargs.get("debug"):
                 raise
             print_peer_error(e)
             outcome = Outcome(error=e)
         raise typer.Exit(exit_code(outcome or Outcome()))
 
     return wrapper  # type: ignore[return-value]
+
+
+def _peer_failure(error: BaseException) -> bool:
+    """A peer rank died or hung (`torch.distributed.DistError`). NB: looked up only where
+    torch is loaded already, so that `--help` and `lint` never import it."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and isinstance(error, dist.DistError)
 
 
 @contextlib.contextmanager

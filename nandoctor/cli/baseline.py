@@ -13,10 +13,6 @@ from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.diagnose import run_with_progress
 from nandoctor.cli.outcome import Outcome, of_baseline
 from nandoctor.cli.output import write_text
-from nandoctor.diagnose import engine
-from nandoctor.gate.baseline import baseline_of
-from nandoctor.render.terminal import render_report
-from nandoctor.setup.load import load_config
 
 
 @app.command()
@@ -33,6 +29,12 @@ def baseline(
     debug: bool = options.Debug,
 ) -> Outcome:
     """Record a healthy run's numeric health; exit 1 (and write nothing) if it is not healthy."""
+    # NB: imported here, so that --help stays free of torch
+    from nandoctor.diagnose import engine
+    from nandoctor.gate.baseline import baseline_of
+    from nandoctor.render.terminal import render_report
+    from nandoctor.setup.load import load_config
+
     options.check_outputs({"--out": out})
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
     # NB: a baseline records the run's health; it does not judge it (no gate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -11,14 +12,10 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
-from nandoctor.compare import engine
-from nandoctor.render.compare import render_comparison
-from nandoctor.render.junit import render_comparison_junit
-from nandoctor.render.markdown import render_comparison_markdown
-from nandoctor.render.plot import plot_png, require_matplotlib
-from nandoctor.render.terminal import StepProgress
-from nandoctor.report.comparison import Comparison
-from nandoctor.setup.load import load_config
+
+if TYPE_CHECKING:
+    from nandoctor.render.terminal import StepProgress
+    from nandoctor.report.comparison import Comparison
 
 
 @app.command()
@@ -44,6 +41,13 @@ def compare(
     debug: bool = options.Debug,
 ) -> Outcome:
     """Replay the same batches under the config's dtype and each --dtype, side by side."""
+    # NB: imported here, so that --help stays free of torch
+    from nandoctor.compare import engine
+    from nandoctor.render.compare import render_comparison
+    from nandoctor.render.plot import require_matplotlib
+    from nandoctor.render.terminal import StepProgress
+    from nandoctor.setup.load import load_config
+
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     outputs["--plot"] = plot_path
     options.check_outputs(outputs)
@@ -74,6 +78,10 @@ def compare(
 
 
 def write_outputs(comparison: Comparison, outputs: dict[str, str | None]) -> None:
+    from nandoctor.render.junit import render_comparison_junit
+    from nandoctor.render.markdown import render_comparison_markdown
+    from nandoctor.render.plot import plot_png
+
     if outputs["--json"]:
         write_text(outputs["--json"], comparison.to_json(), "--json")
     if outputs["--markdown"]:

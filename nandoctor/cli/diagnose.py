@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -14,15 +15,13 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
-from nandoctor.diagnose import engine
-from nandoctor.gate.baseline import read_baseline
+from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.gate.check import Tolerances
-from nandoctor.render.junit import render_junit
-from nandoctor.render.markdown import render_markdown
-from nandoctor.render.terminal import StepProgress, print_header, render_report
-from nandoctor.report.types import Report
-from nandoctor.setup import distributed
-from nandoctor.setup.load import LoadedConfig, load_config
+
+if TYPE_CHECKING:
+    from nandoctor.diagnose.engine import DiagnoseOptions
+    from nandoctor.report.types import Report
+    from nandoctor.setup.load import LoadedConfig
 
 DEFAULTS = Tolerances()
 
@@ -40,7 +39,7 @@ def diagnose(
     junit_path: str | None = options.Junit,
     no_verify: bool = typer.Option(False, "--no-verify", help="Do not replay the fixes."),
     verify_budget: float = typer.Option(
-        engine.DEFAULT_VERIFY_BUDGET, "--verify-budget", min=0, help="Seconds for all fix replays."
+        DEFAULT_VERIFY_BUDGET, "--verify-budget", min=0, help="Seconds for all fix replays."
     ),
     time_budget: float | None = options.TimeBudget,
     baseline: str | None = typer.Option(None, "--baseline", help="Gate on this baseline file."),
@@ -61,6 +60,13 @@ def diagnose(
     debug: bool = options.Debug,
 ) -> Outcome:
     """Replay the run, stop at the first non-finite step, and say where and why."""
+    # NB: imported here, so that --help stays free of torch (SPEC: --help in 0.5 s)
+    from nandoctor.diagnose import engine
+    from nandoctor.gate.baseline import read_baseline
+    from nandoctor.render.terminal import render_report
+    from nandoctor.setup import distributed
+    from nandoctor.setup.load import load_config
+
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
@@ -99,9 +105,12 @@ def run_with_progress(
     command: str,
     shown_path: str,
     loaded: LoadedConfig,
-    settings: engine.DiagnoseOptions,
+    settings: DiagnoseOptions,
     quiet: bool,
 ) -> Report:
+    from nandoctor.diagnose import engine
+    from nandoctor.render.terminal import StepProgress, print_header
+
     progress = StepProgress(console, loaded.config.steps, enabled=not quiet)
 
     def on_session(session) -> None:
@@ -117,6 +126,10 @@ def run_with_progress(
 
 def write_reports(report: Report, outputs: dict[str, str | None]) -> None:
     """Every report asked for, each written atomically."""
+    from nandoctor.render.junit import render_junit
+    from nandoctor.render.markdown import render_markdown
+    from nandoctor.report.types import Report
+
     renderers: dict[str, Callable[[Report], str]] = {
         "--json": Report.to_json,
         "--markdown": render_markdown,

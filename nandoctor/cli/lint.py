@@ -13,10 +13,6 @@ from nandoctor.cli.outcome import Outcome
 from nandoctor.cli.output import write_text
 from nandoctor.lint import LintResult, Severity, lint_paths, load_config
 from nandoctor.lint.render import terminal
-from nandoctor.lint.render.json_report import to_json
-from nandoctor.lint.render.sarif import to_sarif
-
-RENDERERS = {"--json": to_json, "--sarif": to_sarif}
 
 
 @app.command()
@@ -52,6 +48,10 @@ def lint(
 
 def write_reports(result: LintResult, outputs: dict[str, str | None]) -> None:
     """Every report asked for, each written atomically."""
+    from nandoctor.lint.render.json_report import to_json
+    from nandoctor.lint.render.sarif import to_sarif
+
+    renderers = {"--json": to_json, "--sarif": to_sarif}
     for option, path in outputs.items():
         if path:
-            write_text(path, RENDERERS[option](result), option)
+            write_text(path, renderers[option](result), option)

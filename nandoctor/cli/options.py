@@ -7,7 +7,6 @@ import typer
 from nandoctor.cli.output import check_writable
 from nandoctor.errors import UsageError
 from nandoctor.setup.dtypes import canonical_dtype
-from nandoctor.setup.schema import check_device
 
 
 def dtype_name(value: str | None) -> str | None:
@@ -22,6 +21,8 @@ def dtype_name(value: str | None) -> str | None:
 def device_name(value: str | None) -> str | None:
     if value is None:
         return None
+    from nandoctor.setup.schema import check_device  # NB: pydantic's models take 0.3 s
+
     try:
         return check_device(value)
     except ValueError as e:

@@ -21,10 +21,13 @@ by this table; `of_ranks` makes the job's code the most telling of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nandoctor.errors import ExitCode, NandoctorError
-from nandoctor.report.comparison import Comparison
-from nandoctor.report.types import Report
+
+if TYPE_CHECKING:  # NB: the report's types cost 0.1 s to import, and --help needs none
+    from nandoctor.report.comparison import Comparison
+    from nandoctor.report.types import Report
 
 
 @dataclass(frozen=True)

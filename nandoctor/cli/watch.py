@@ -10,8 +10,7 @@ from nandoctor.cli.app import app, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
 from nandoctor.cli.outcome import Outcome, of_watch
 from nandoctor.errors import UsageError
-from nandoctor.render.terminal import render_report
-from nandoctor.watch import runner
+from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET
 
 
 @app.command(
@@ -33,7 +32,7 @@ def watch(
         help="Rerun the command up to the bad step to name its tensor, op and source line.",
     ),
     replay_budget: float = typer.Option(
-        runner.DEFAULT_REPLAY_BUDGET,
+        DEFAULT_REPLAY_BUDGET,
         "--replay-budget",
         min=0,
         help="Replay only if the run failed within this many seconds.",
@@ -43,6 +42,10 @@ def watch(
 ) -> Outcome:
     """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
     own exit code."""
+    # NB: imported here, so that --help stays free of torch
+    from nandoctor.render.terminal import render_report
+    from nandoctor.watch import runner
+
     if not command:
         raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
     outputs = {"--json": json_path, "--markdown": markdown_path}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose import verify as whatif
 from nandoctor.diagnose.assemble import Findings, assemble
+from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.diagnose.explain import case_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
@@ -43,7 +44,6 @@ from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 SessionCallback = Callable[[Session], None]
-DEFAULT_VERIFY_BUDGET = 300.0  # seconds for all what-if replays together
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def diagnose(
         findings.health = health_of(result.telemetry, result.events, headroom.peaks())
         if options.gate:
             findings.gate = _gate_of(findings, options)
-    _causes(findings, loaded, session, options, lrs)
+    _causes(findings, loaded, session, options, lrs, store)
     if session.ranks is not None:
         session.ranks.leave()
     return assemble(findings)
@@ -160,10 +160,12 @@ def _causes(
     session: Session,
     options: DiagnoseOptions,
     lrs: LrHistory,
+    store: SnapshotStore,
 ) -> None:
     """The causes of a failure, ranked by the rules, then verified by replaying their
-    fixes within the budget and ranked again by what the replays showed (not in a
-    distributed run: one process replays them)."""
+    fixes within the budget (from the newest snapshot before the failure, where a fix
+    allows) and ranked again by what the replays showed (not in a distributed run: one
+    process replays them)."""
     result = findings.result
     facts = facts_of(session, result, session.config.checkpoint, lrs)
     case = case_of(result, findings.located, facts)
@@ -178,7 +180,8 @@ def _causes(
     started = time.perf_counter()
     try:
         deadline = started + options.verify_budget
-        findings.causes = whatif.verify_all(ranked, case, loaded, deadline)
+        resume = store.resume_point(case.first.step)
+        findings.causes = whatif.verify_all(ranked, case, loaded, deadline, resume)
     except KeyboardInterrupt:
         findings.interrupted = VERIFY_INTERRUPTED
     findings.verify_seconds = time.perf_counter() - started

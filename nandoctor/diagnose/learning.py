@@ -16,6 +16,11 @@ Both bounds are loose on purpose: a fix that only slows learning (a 10x smaller 
 rate) still counts, since the check runs a horizon, not a whole training run; what they
 catch is a run that does not learn at all, or ends far behind where it was.
 
+A check **resumed** from a snapshot late in the run starts where the loss is nearly flat
+already: a few dozen steps there need not gain 1%. It is judged by the second bound alone
+(where the original's losses give one): a fix that lets the run diverge or collapse ends
+far above where the original was.
+
 Plain numbers in, a verdict out: no torch, no runs.
 """
 
@@ -52,14 +57,17 @@ def reference_loss(losses: Sequence[float]) -> float | None:
     return statistics.fmean(tail) if tail else None
 
 
-def learning_of(losses: Sequence[float], reference: float | None) -> Learning:
-    """Judge a finite check's losses (in step order) against the original's `reference`."""
+def learning_of(
+    losses: Sequence[float], reference: float | None, *, resumed: bool = False
+) -> Learning:
+    """Judge a finite check's losses (in step order) against the original's `reference`
+    (`resumed`: the check started from a snapshot, not from the run's start)."""
     finite = [x for x in losses if math.isfinite(x)]
     k = max(MIN_WINDOW, len(finite) // 4)
     if len(finite) < 2 * k:
         return Learning(True)  # too short to tell: the finiteness verdict stands alone
     start, end = statistics.fmean(finite[:k]), statistics.fmean(finite[-k:])
-    if start - end <= MIN_GAIN * abs(start):
+    if start - end <= MIN_GAIN * abs(start) and not (resumed and reference is not None):
         if end >= start:
             why = f"its loss went from {num(start)} up to {num(end)}"
         else:

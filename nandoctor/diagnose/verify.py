@@ -6,10 +6,19 @@ learning rate, a usable optimizer epsilon, skipping non-finite batches, zeroing 
 weights' non-finite entries), its math patch (registered under its id in
 `runtime/patches.py`), or the guard of the origin op (`OriginGuardPatch`, made here from
 the op and source line the replay named). This module is the engine: how each change is
-applied (`CHANGES`), and the replay. The replay rebuilds the run from its start (the same
-seed, or the checkpoint), so it sees the same initial weights and the same batches,
-applies the fix for the whole run, as a user would, and runs **past the failing step by a
-horizon** (a quarter of the steps to the failure, at least 32).
+applied (`CHANGES`), and the replay.
+
+A replay **resumes from the newest snapshot before the failure**, as a user resumes from a
+checkpoint with the fix applied: a fresh session of the fixed config gets the snapshot's
+weights, optimizer state, loss scale, scheduler and RNG states, skips the batches before
+it (the stream draws its own randomness, so they are the batches the run saw) and runs
+**past the failing step by `MIN_HORIZON` steps**. Its cost follows the horizon, not the
+steps to the failure. Fixes whose effect builds up over the whole run (`FROM_START`: a
+smaller learning rate, weights zeroed when loaded) are replayed from the run's start
+instead (the same seed, or the checkpoint), past the failing step by a quarter of the
+steps to it (at least 32); so is a fix refuted from the snapshot, when the time budget
+allows, since what broke may have begun before the snapshot. The sentence says from which
+step the fix was applied.
 
 Surviving the horizon *and still learning* (learning.py) verifies the fix; staying finite
 without learning, or failing anywhere, does not, with the reason; a fix that could not be
@@ -20,10 +29,12 @@ showed (`causes.ranking.rerank`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -41,10 +52,13 @@ from nandoctor.runtime.patches import PATCHES, MathPatch, OpSite, OriginGuardPat
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.safe_ops import family
+from nandoctor.runtime.snapshot import StateSnapshot
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 MIN_HORIZON = 32
+# NB: loaded weights are zeroed as they are loaded: that fix is replayed from the run's start
+FROM_START = frozenset({Change.ZERO_NONFINITE_WEIGHTS})
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,7 @@ class Plan:
     patch: Callable[[], MathPatch] | None = None
     skip_nonfinite_batches: bool = False
     prepare: Callable[[Session], None] | None = None
+    from_start: bool = False  # its effect needs the whole history: never resumed
 
 
 @dataclass(frozen=True)
@@ -202,6 +217,8 @@ def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | No
         guard = OriginGuardPatch(site)
         return Plan(f"with {guard.describe}", loaded, patch=lambda: OriginGuardPatch(site))
     changed = Plan("", loaded) if fix.change is None else CHANGES[fix.change.name](case, loaded)
+    if changed is not None and fix.change in FROM_START:
+        changed = replace(changed, from_start=True)
     if changed is None or not fix.patch:
         return changed
     patch = PATCHES[cause_id]
@@ -210,18 +227,35 @@ def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | No
 
 
 def verify_all(
-    causes: list[Cause], case: Case, loaded: LoadedConfig, deadline: float
+    causes: list[Cause],
+    case: Case,
+    loaded: LoadedConfig,
+    deadline: float,
+    resume: StateSnapshot | None = None,
 ) -> list[Cause]:
-    """Every cause with its fix replayed (within the budget), re-ranked by the replays."""
-    return rerank([check(cause, case, loaded, deadline) for cause in causes])
+    """Every cause with its fix replayed (within the budget), re-ranked by the replays;
+    from `resume`, the newest snapshot before the failure, where a fix allows it."""
+    return rerank([check(cause, case, loaded, deadline, resume) for cause in causes])
 
 
-def verify(cause: Cause, case: Case, loaded: LoadedConfig, deadline: float) -> Cause:
+def verify(
+    cause: Cause,
+    case: Case,
+    loaded: LoadedConfig,
+    deadline: float,
+    resume: StateSnapshot | None = None,
+) -> Cause:
     """The cause with `verified` and a `verification` sentence, when a fix applies."""
-    return check(cause, case, loaded, deadline)[0]
+    return check(cause, case, loaded, deadline, resume)[0]
 
 
-def check(cause: Cause, case: Case, loaded: LoadedConfig, deadline: float) -> tuple[Cause, Replay]:
+def check(
+    cause: Cause,
+    case: Case,
+    loaded: LoadedConfig,
+    deadline: float,
+    resume: StateSnapshot | None = None,
+) -> tuple[Cause, Replay]:
     """Replay the cause's fixes in order until one holds; the cause with the verdict of
     the best one (the sentences of those tried before it kept in front of its own)."""
     verdicts: list[Verdict] = []
@@ -229,7 +263,7 @@ def check(cause: Cause, case: Case, loaded: LoadedConfig, deadline: float) -> tu
         replayed = plan(cause.id, fix, case, loaded)
         if replayed is None:
             continue
-        verdicts.append(_replay(replayed, case, deadline))
+        verdicts.append(_replay(replayed, case, loaded, deadline, resume))
         if verdicts[-1].replay is Replay.HELD:
             break
     if not verdicts:
@@ -250,13 +284,67 @@ def combined(verdicts: list[Verdict]) -> Verdict:
 
 
 def horizon(case: Case) -> int:
+    """Steps past the failing step a replay from the run's start must survive."""
     return max(MIN_HORIZON, (case.first.step - case.facts.start_step) // 4)
 
 
-def _replay(plan: Plan, case: Case, deadline: float) -> Verdict:
-    failing = case.first.step
-    target = failing + horizon(case)
-    steps = target - case.facts.start_step + 1
+def _replay(
+    plan: Plan, case: Case, original: LoadedConfig, deadline: float, resume: StateSnapshot | None
+) -> Verdict:
+    """From the snapshot where the plan allows it; from the start where it must, or where
+    the snapshot's replay was refuted and a whole replay still fits the budget."""
+    if resume is None or plan.from_start or resume.step <= case.facts.start_step:
+        return run_plan(plan, case, deadline)
+    started = time.perf_counter()
+    resumed = run_plan(plan, case, deadline, Resume(resume, original))
+    if resumed.replay is not Replay.REFUTED:
+        return resumed
+    per_step = (time.perf_counter() - started) / max(1, case.first.step + MIN_HORIZON - resume.step)
+    whole = case.first.step + horizon(case) - case.facts.start_step
+    if time.perf_counter() + per_step * whole > deadline:
+        return resumed
+    again = run_plan(plan, case, deadline)
+    said_again = again.sentence.removeprefix(f"{plan.describe}, ")
+    return Verdict(again.replay, f"{resumed.sentence}; {said_again}", again.applied)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a replay resumes: the snapshot, and the config it was taken under (the
+    fixed config's optimizer settings that differ from it are applied after loading)."""
+
+    snapshot: StateSnapshot
+    original: LoadedConfig
+
+    def apply(self, session: Session, fixed: LoadedConfig) -> None:
+        """Load the snapshot into `session`, keeping the fix's optimizer settings: a
+        changed `lr` scales the rate in effect (and a scheduler's base rates) by the same
+        factor, as a user who resumes with a smaller rate sees it."""
+        self.snapshot.restore(session)
+        before = self.original.config.optimizer.kwargs
+        changed = {k: v for k, v in fixed.config.optimizer.kwargs.items() if before.get(k) != v}
+        factor = _factor(before.get("lr"), changed.pop("lr", None))
+        for group in session.optimizer.param_groups:
+            group.update(changed)
+            for key in ("lr", "initial_lr") if factor is not None else ():
+                if key in group:
+                    group[key] = group[key] * factor
+        base_lrs = getattr(session.scheduler, "base_lrs", None)
+        if factor is not None and base_lrs is not None:
+            session.scheduler.base_lrs = [lr * factor for lr in base_lrs]
+        session.start_step = self.snapshot.step
+
+
+def _factor(before: Any, after: Any) -> float | None:
+    numbers = isinstance(before, (int, float)) and isinstance(after, (int, float))
+    return after / before if numbers and before else None
+
+
+def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = None) -> Verdict:
+    """Replay `plan` from the run's start, or from `resume`, past the failing step."""
+    start = resume.snapshot.step if resume is not None else case.facts.start_step
+    target = case.first.step + (MIN_HORIZON if resume is not None else horizon(case))
+    steps = target - start + 1
     if time.perf_counter() > deadline:
         return Verdict(
             Replay.NOT_REPLAYED, f"not verified {plan.describe}: the time budget ran out"
@@ -264,20 +352,30 @@ def _replay(plan: Plan, case: Case, deadline: float) -> Verdict:
     patch = plan.patch() if plan.patch else None
     try:
         session = build_session(plan.loaded)
+        batches = None
+        if resume is not None:
+            batches = itertools.islice(session.batches, start - session.start_step, None)
+            resume.apply(session, plan.loaded)
         if plan.prepare is not None:
             plan.prepare(session)
         result = fast_run(
             session, steps, probe=patch or Probe(), deadline=deadline,
-            skip_nonfinite_batches=plan.skip_nonfinite_batches,
+            skip_nonfinite_batches=plan.skip_nonfinite_batches, batches=batches,
         )  # fmt: skip
     except NandoctorError as e:
         why = f"not verified {plan.describe}: the replay failed: {e.message}"
         return Verdict(Replay.NOT_REPLAYED, why)
-    return _judge(plan, patch, result, case, target, steps)
+    return _judge(plan, patch, result, case, target, steps, resume is not None)
 
 
 def _judge(
-    plan: Plan, patch: MathPatch | None, result: RunResult, case: Case, target: int, steps: int
+    plan: Plan,
+    patch: MathPatch | None,
+    result: RunResult,
+    case: Case,
+    target: int,
+    steps: int,
+    resumed: bool,
 ) -> Verdict:
     if result.status == "interrupted":
         raise KeyboardInterrupt
@@ -288,24 +386,24 @@ def _judge(
         reached = result.start_step + result.steps_run
         why = f"not verified {plan.describe}: the time budget ran out at step {reached} of {target}"
         return Verdict(Replay.NOT_REPLAYED, why)
+    where = f"applied from step {result.start_step}"
+    fixed = f"{plan.describe}, {where}{' (resumed from a snapshot)' if resumed else ''}"
     if result.failure is not None:
         f = result.failure
         phase = f.phase.value if f.phase else "?"
-        why = f"{plan.describe}, the run still went non-finite at step {f.step} (phase {phase})"
+        why = f"{fixed}, the run still went non-finite at step {f.step} (phase {phase})"
         return Verdict(Replay.REFUTED, why)
     finite = f"{result.steps_run}/{steps} steps stayed finite, to step {target}"
-    learning = learning_of(result.telemetry.loss, case.reference_loss)
+    learning = learning_of(result.telemetry.loss, case.reference_loss, resumed=resumed)
     if not learning.learned:
-        why = f"{plan.describe}, {finite}, but the run stopped learning: {learning.why}"
+        why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
         return Verdict(Replay.STOPPED_LEARNING, why)
     fell = (
         f"; the loss fell from {learning.start:.3g} to {learning.end:.3g}"
         if learning.start is not None and learning.end is not None
         else ""
     )
-    return Verdict(
-        Replay.HELD, f"{plan.describe}, {finite}, past the failing step {case.first.step}{fell}"
-    )
+    return Verdict(Replay.HELD, f"{fixed}, {finite}, past the failing step {case.first.step}{fell}")
 
 
 def _close(a: float, b: float) -> bool:

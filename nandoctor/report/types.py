@@ -24,8 +24,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import Health
@@ -149,6 +147,8 @@ class Report:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Report:
         """The inverse of `to_dict` (for baselines, tests and tools reading reports)."""
+        from pydantic import TypeAdapter  # NB: here: `lint` reads the cause ids without it
+
         return TypeAdapter(cls).validate_python(data)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -33,6 +35,7 @@ def fast_run(
     deadline: float | None = None,
     skip_nonfinite_batches: bool = False,
     thorough: bool = False,
+    batches: Iterable[tuple[int, Any]] | None = None,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
@@ -42,6 +45,7 @@ def fast_run(
     are unchecked: only a streak that collapses the scale fails.
     Past `deadline` (a `time.perf_counter()` value) the run stops with status "timeout".
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
+    `batches` replaces the session's stream (a run resumed from a snapshot starts later).
     """
     result = RunResult("healthy", session.start_step, 0)
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
@@ -49,7 +53,7 @@ def fast_run(
     recorder = Recorder(result, store=store, on_step=on_step)
     try:
         with Probes(sentinel, *([probe] if probe is not None else [])) as probes:
-            for step, batch in itertools.islice(session.batches, steps):
+            for step, batch in itertools.islice(batches or session.batches, steps):
                 if deadline is not None and time.perf_counter() > deadline:
                     result.status = "timeout"
                     break

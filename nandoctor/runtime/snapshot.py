@@ -188,6 +188,11 @@ class SnapshotStore:
                 pass
         return self.rewind_to(step)
 
+    def resume_point(self, step: int) -> StateSnapshot | None:
+        """The newest kept state at or before `step`: where a run can resume from to reach
+        it (what-if replays of a fix start there rather than at step 0)."""
+        return self._latest_at_or_before(step)
+
     def batch_at(self, step: int) -> tuple[int, Any]:
         if step not in self._batches:
             raise LookupError(f"the batch of step {step} is no longer kept")

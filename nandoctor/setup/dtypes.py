@@ -7,13 +7,14 @@ the report speaks of, is `report.limits.FLOAT16_MAX`).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-DTYPES: dict[str, torch.dtype] = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-}
+if TYPE_CHECKING:
+    import torch
+
+# NB: names only, so that the config's schema (and `nandoctor schema`, `--help`) can check a
+# dtype without importing torch; `torch_dtype` looks the name up in torch when a run needs it.
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 ALIASES: dict[str, str] = {
     "fp16": "float16",
     "half": "float16",
@@ -34,4 +35,6 @@ def canonical_dtype(name: str) -> str:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    return DTYPES[canonical_dtype(name)]
+    import torch
+
+    return getattr(torch, canonical_dtype(name))

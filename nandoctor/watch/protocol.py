@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ENV = "NANDOCTOR_WATCH"
+DEFAULT_REPLAY_BUDGET = 600.0  # seconds to the failure, beyond which no rerun is made
 
 
 @dataclass(frozen=True)

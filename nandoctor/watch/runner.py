@@ -33,10 +33,9 @@ from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.record import RunResult
 from nandoctor.watch import results
-from nandoctor.watch.protocol import ENV, Settings
+from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, ENV, Settings
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
-DEFAULT_REPLAY_BUDGET = 600.0  # seconds to the failure, beyond which no rerun is made
 GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
 
 
