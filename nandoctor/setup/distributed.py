@@ -51,6 +51,8 @@ class Ranks:
             device,
         )
         self._local_bad = torch.zeros((), dtype=torch.bool, device=device)
+        self._noted = False  # gradients were seen before they were combined, this step
+        self.sharded = False  # FSDP (`setup.fsdp`): each rank holds a shard of each parameter
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -59,12 +61,18 @@ class Ranks:
         return ddp
 
     def note_local_gradients(self, bucket_values: torch.Tensor) -> None:
+        """Called with this rank's own gradients just before they are combined: a DDP
+        bucket before its all-reduce, an FSDP module's before its reduce-scatter."""
         self._local_bad = self._local_bad | ~torch.isfinite(bucket_values).all()
+        self._noted = True
 
-    def local_grads_bad(self) -> torch.Tensor:
-        """Whether this rank's own gradients held NaN/inf before the all-reduce; resets."""
+    def local_grads_bad(self) -> torch.Tensor | None:
+        """Whether this rank's own gradients held NaN/inf before the all-reduce; resets.
+        None when none were seen (FSDP on one rank combines nothing): then the gradients'
+        own check is the local one."""
         flag, self._local_bad = self._local_bad, torch.zeros_like(self._local_bad)
-        return flag
+        noted, self._noted = self._noted, False
+        return flag if noted else None
 
     def gather_rows(self, row: torch.Tensor) -> torch.Tensor:
         table = torch.zeros((self.world_size, row.numel()), dtype=row.dtype, device=row.device)
