@@ -60,6 +60,22 @@ def leaves_unwritten(func: Any) -> bool:
     return func.namespace == "aten" and func.overloadpacket.__name__ in _UNWRITTEN
 
 
+def is_collective(func: Any) -> bool:
+    """A c10d collective (`_reduce_scatter_base_`, `allreduce_`): what it writes comes from
+    every rank, and may arrive after it returned (work in flight)."""
+    return func.namespace == "c10d"
+
+
+def collective_outputs(out: Any) -> list[torch.Tensor]:
+    """The tensors a collective returns (its outputs: c10d's schemas do not mark them as
+    written), nested lists flattened; its `Work` left out."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for part in out for t in collective_outputs(part)]
+    return []
+
+
 def is_view(func: Any) -> bool:
     """An op whose output shows its input's values (`view`, `t`, `expand`, `detach`)."""
     return bool(getattr(func, "is_view", False))

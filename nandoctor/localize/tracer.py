@@ -179,6 +179,8 @@ class Tracer(Probe):
         fresh = [n for n in named if n not in before]
         kinds = dict(zip(fresh, kinds_of([named[n] for n in fresh]), strict=True)) | before
         parents = [x for n, t in named.items() if any(kinds[n]) and (x := self.origins.lineage(t))]
+        if not parents:  # a collective's result landing where it was awaited
+            parents = [x for _, t in bad if (x := self.origins.arrived(t)) is not None]
         inherits = any(not p.origin.deliberate for p in parents)  # then nothing else matters
         created = not inherits and _created(ops.scalar_nonfinite(args, kwargs), kinds, bad)
         lineage = descend(parents, created)
