@@ -4,12 +4,16 @@ was born, as for DDP; the shards train exactly as DDP's replicas do."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from torch import nn
 
 from nandoctor.errors import ConfigError
 from nandoctor.setup import fsdp
 from nandoctor.setup.load import load_config
+from tests.conftest import REPO
 from tests.test_distributed import TRAIN, run_two_ranks
 
 FSDP = "distributed: {strategy: fsdp}\n"
@@ -141,3 +145,65 @@ def test_fsdp_keys_belong_to_strategy_fsdp(tmp_path):
     )
     mixed = load_config(config).config.distributed.mixed_precision
     assert (mixed.param_dtype, mixed.reduce_dtype) == ("bfloat16", "float32")
+
+
+SNAPSHOT_SCRIPT = """
+import types
+import torch
+import torch.distributed as dist
+from torch import nn
+from nandoctor.runtime.snapshot import StateSnapshot
+from nandoctor.runtime.tensors import local
+from nandoctor.setup import fsdp
+from nandoctor.setup.distributed import Ranks
+from nandoctor.setup.schema import DistributedConfig
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))  # 3 rows: uneven shards
+fsdp.shard(model, DistributedConfig(strategy="fsdp"), Ranks(rank, 2, rank, torch.device("cpu")))
+optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+objects = types.SimpleNamespace(
+    model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu")
+)
+batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * rank + i)) for i in (0, 1, 2)]
+
+def step(x):
+    model(x).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+def shards():
+    params = [local(p).clone() for p in model.parameters()]
+    state = [local(v).clone() for s in optimizer.state.values() for v in s.values()]
+    return params + state
+
+step(batches[0])
+snapshot = StateSnapshot()
+snapshot.capture(objects, 1)
+kept = shards()
+step(batches[1])
+after = shards()
+step(batches[2])
+snapshot.restore(objects)
+assert all(torch.equal(a, b) for a, b in zip(shards(), kept, strict=True)), "restore"
+assert all(type(p).__name__ == "DTensor" for p in model.parameters())
+step(batches[1])  # the replay of step 1 computes what the run computed
+assert all(torch.equal(a, b) for a, b in zip(shards(), after, strict=True)), "replay"
+print(f"rank {rank} ok", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_snapshot_keeps_each_ranks_shards_and_a_replay_from_it_recomputes_the_step(tmp_path):
+    script = tmp_path / "snapshot_fsdp.py"
+    script.write_text(SNAPSHOT_SCRIPT)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    proc = subprocess.run(
+        [*launch, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout
