@@ -167,7 +167,8 @@ optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
 objects = types.SimpleNamespace(
     model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu")
 )
-batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * rank + i)) for i in (0, 1, 2)]
+seeds = [torch.Generator().manual_seed(10 * rank + i) for i in (0, 1, 2)]
+batches = [torch.randn(4, 8, generator=g) for g in seeds]
 
 def step(x):
     model(x).square().mean().backward()
