@@ -15,7 +15,7 @@ default does. The flag joins the sentinel's one all-reduce per step (`Ranks`).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +44,35 @@ def shard(model: nn.Module, config: DistributedConfig, ranks: Ranks) -> nn.Modul
             module.set_custom_reduce_scatter(comm)
     ranks.sharded = True
     return model
+
+
+def shard_optimizer_state(
+    optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A checkpoint's optimizer state (whole tensors, as one process saved them) cut into
+    this rank's shards: each tensor shaped like its (sharded) parameter becomes a DTensor
+    placed like it; the rest (Adam's `step`) is kept whole. Every rank reads the same file,
+    so each cuts its own shard (no collective)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def cut(p: torch.Tensor, value: Any) -> Any:
+        whole = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == p.shape
+        if not (isinstance(p, DTensor) and whole):
+            return value
+        mesh, placements = p.device_mesh, p.placements
+        return distribute_tensor(value.to(p.device), mesh, placements, src_data_rank=None)
+
+    state = {
+        i: {k: cut(params[i], v) for k, v in s.items()} if _index(i, params) else s
+        for i, s in saved.get("state", {}).items()
+    }
+    return {**saved, "state": state}
+
+
+def _index(i: Any, params: list[torch.Tensor]) -> bool:
+    return isinstance(i, int) and 0 <= i < len(params)
 
 
 class _Api:

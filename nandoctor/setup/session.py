@@ -11,7 +11,7 @@ import difflib
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -84,6 +84,8 @@ def build_session(loaded: LoadedConfig) -> Session:
     scheduler = build_scheduler(config.scheduler, optimizer, base) if config.scheduler else None
     scaler = _build_scaler(config, device)
     if state is not None:
+        if sharded and state.optimizer is not None:  # whole tensors: cut this rank's shards
+            state = replace(state, optimizer=fsdp.shard_optimizer_state(optimizer, state.optimizer))
         ckpt.restore_training_state(state, optimizer, scaler)
     start = state.step if state is not None else 0
     stream = BatchStream(_data_source(config, base, ranks), config.seed, start)
