@@ -48,6 +48,16 @@ def optimizer_state_like(optimizer: torch.optim.Optimizer, kept: dict[str, Any])
     return {**kept, "state": per_param}
 
 
+def class_name(module: nn.Module) -> str:
+    """The module's own class name: `fully_shard` swaps a module's class for a subclass
+    named `FSDP<Name>` (bases: FSDPModule, the user's class), which a report never shows."""
+    cls = type(module)
+    bases = [b for b in cls.__bases__ if b.__name__ != "FSDPModule"]
+    if cls.__name__.startswith("FSDP") and len(bases) < len(cls.__bases__) and bases:
+        cls = bases[-1]
+    return cls.__name__
+
+
 def _shard_of(param: torch.Tensor, value: Any) -> bool:
     return (
         isinstance(value, torch.Tensor)
@@ -73,4 +83,10 @@ def _like(live: Any, value: Any) -> Any:
     )
 
 
-__all__ = ["local_optimizer_state", "local_state", "model_state_like", "optimizer_state_like"]
+__all__ = [
+    "class_name",
+    "local_optimizer_state",
+    "local_state",
+    "model_state_like",
+    "optimizer_state_like",
+]
