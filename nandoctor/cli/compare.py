@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -9,7 +10,7 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.cli.outcome import Outcome, of_comparison
+from nandoctor.cli.outcome import Outcome, of_comparison, of_ranks
 from nandoctor.cli.output import write_bytes, write_text
 from nandoctor.compare import engine
 from nandoctor.render.compare import render_comparison
@@ -18,6 +19,7 @@ from nandoctor.render.markdown import render_comparison_markdown
 from nandoctor.render.plot import plot_png, require_matplotlib
 from nandoctor.render.terminal import StepProgress
 from nandoctor.report.comparison import Comparison
+from nandoctor.setup import distributed
 from nandoctor.setup.load import load_config
 
 
@@ -50,6 +52,10 @@ def compare(
     if plot_path:
         require_matplotlib()
     loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    nproc = loaded.config.distributed.nproc_per_node
+    if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
+        return of_ranks(distributed.launch(sys.argv[1:], nproc))
+    quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
 
     progress: list[StepProgress] = []
@@ -68,6 +74,8 @@ def compare(
     finally:
         if progress:
             progress[-1].__exit__(None, None, None)
+    if distributed.current_rank() != 0:
+        return Outcome()
     render_comparison(console, comparison, quiet=quiet)
     write_outputs(comparison, outputs)
     return of_comparison(comparison)

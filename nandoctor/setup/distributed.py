@@ -81,11 +81,7 @@ class Ranks:
         return table
 
     def leave(self) -> None:
-        """Wait for every rank, then close the process group: a process that exits while
-        gloo's threads still run is aborted ("terminate called without an active exception")."""
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        leave()
 
     def gather_objects(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
@@ -118,6 +114,14 @@ class Ranks:
                 drop_last=data.drop_last,
             )
         return _EveryNth(data, self.rank, self.world_size)
+
+
+def leave() -> None:
+    """Wait for every rank, then close the process group: a process that exits while
+    gloo's threads still run is aborted ("terminate called without an active exception")."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _check_then_allreduce(state, bucket):
@@ -193,4 +197,4 @@ def launch(argv: list[str], nproc_per_node: int) -> dict[int, int]:
     return {}
 
 
-__all__ = ["Ranks", "current_rank", "join", "launch", "under_launcher"]
+__all__ = ["Ranks", "current_rank", "join", "launch", "leave", "under_launcher"]
