@@ -208,3 +208,12 @@ def test_a_snapshot_keeps_each_ranks_shards_and_a_replay_from_it_recomputes_the_
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout
+
+
+def test_fsdp_on_a_torch_without_fully_shard_is_a_config_error(monkeypatch):
+    def missing(self):
+        raise ImportError("cannot import name 'fully_shard'")
+
+    monkeypatch.setattr(fsdp._Api, "__init__", missing)
+    with pytest.raises(ConfigError, match=r"strategy: fsdp needs PyTorch's FSDP2 .*does not have"):
+        fsdp._fsdp_api()
