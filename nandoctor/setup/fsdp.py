@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,7 @@ def shard(model: nn.Module, config: DistributedConfig, ranks: Ranks) -> nn.Modul
     comm = _checked_reduce_scatter(api, ranks)
     for module in model.modules():
         if isinstance(module, api.FSDPModule):
-            module.set_custom_reduce_scatter(comm)
+            cast(Any, module).set_custom_reduce_scatter(comm)
     ranks.sharded = True
     return model
 
@@ -152,7 +152,7 @@ def _suggest(name: str, by_path: dict[str, nn.Module]) -> str:
 def _checked_reduce_scatter(api: _Api, ranks: Ranks) -> Any:
     """A reduce-scatter that first notes whether this rank's own gradients are finite."""
 
-    class CheckedReduceScatter(api.ReduceScatter):  # type: ignore[misc,name-defined]
+    class CheckedReduceScatter(api.ReduceScatter):  # type: ignore[name-defined]
         def allocate(
             self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device
         ) -> torch.Tensor:
