@@ -4,6 +4,7 @@ was born, as for DDP; the shards train exactly as DDP's replicas do."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -217,3 +218,41 @@ def test_fsdp_on_a_torch_without_fully_shard_is_a_config_error(monkeypatch):
     monkeypatch.setattr(fsdp._Api, "__init__", missing)
     with pytest.raises(ConfigError, match=r"strategy: fsdp needs PyTorch's FSDP2 .*does not have"):
         fsdp._fsdp_api()
+
+
+def _nandoctor(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """A command on an FSDP config that asks for two ranks itself (`nproc_per_node: 2`)."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "config.yaml").write_text(
+        "model: train.py:build_model\ndata: train.py:build_data\n"
+        "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 6\ndevice: cpu\n"
+        "distributed: {strategy: fsdp, nproc_per_node: 2}\n"
+    )
+    command = [sys.executable, "-m", "nandoctor", args[0], str(tmp_path / "config.yaml")]
+    return subprocess.run(
+        [*command, *args[1:], "-q"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+
+
+@pytest.mark.slow
+def test_a_baseline_of_an_fsdp_run_is_written_once_and_gates_the_next_run(tmp_path):
+    proc = _nandoctor(tmp_path, "baseline", "--out", "baseline.json")
+    assert proc.returncode == 0, proc.stderr
+    recorded = json.loads((tmp_path / "baseline.json").read_text())
+    assert recorded["health"]["steps"] == 6
+    proc = _nandoctor(tmp_path, "diagnose", "--baseline", "baseline.json", "--json", "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    checks = report["gate"]["checks"]
+    assert checks and all(c["passed"] for c in checks), checks
+    assert [m["type"] for m in report["health"]["modules"]][:2] == ["Sequential", "Linear"]
+
+
+@pytest.mark.slow
+def test_compare_runs_an_fsdp_config_as_one_job_and_rank_0_writes_it(tmp_path):
+    proc = _nandoctor(tmp_path, "compare", "--json", "compare.json")
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
+    assert [(r["dtype"], r["status"], r["steps_completed"]) for r in runs] == [
+        ("float32", "healthy", 6)
+    ]
