@@ -127,6 +127,6 @@ class NodeRecorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.tracer.watching():
-            for t in ops.output_tensors(out):
+            for t in ops.output_tensors(out, shards=False):  # the autograd nodes are theirs
                 self.tracer.note_node(t.grad_fn, func)
         return out

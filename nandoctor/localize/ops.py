@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from nandoctor.report.evidence import Recompute
+from nandoctor.runtime.tensors import local
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -27,11 +28,11 @@ def named_tensors(func: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, t
     pairs = [*zip(names, args, strict=False), *kwargs.items()]
     for name, value in pairs:
         if isinstance(value, torch.Tensor):
-            yield name, value
+            yield name, local(value)
         elif isinstance(value, (list, tuple)):
             for i, v in enumerate(value):
                 if isinstance(v, torch.Tensor):
-                    yield f"{name}[{i}]", v
+                    yield f"{name}[{i}]", local(v)
 
 
 # NB: these allocate and leave the memory as it was: whatever they "hold" is garbage
@@ -98,12 +99,13 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[tuple[str, tor
     return [(n, t) for n, t in named_tensors(func, args, kwargs) if n.split("[")[0] in writes]
 
 
-def output_tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for t in out if isinstance(t, torch.Tensor)]
-    return []
+def output_tensors(out: Any, *, shards: bool = True) -> list[torch.Tensor]:
+    """An op's tensor outputs; with `shards`, a sharded one (a DTensor: FSDP's optimizer
+    step) as this rank's shard, which is what the checks read and the lineages follow."""
+    tensors = [out] if isinstance(out, torch.Tensor) else out
+    if not isinstance(tensors, (list, tuple)):
+        return []
+    return [local(t) if shards else t for t in tensors if isinstance(t, torch.Tensor)]
 
 
 def scalar_nonfinite(args: tuple, kwargs: dict) -> tuple[bool, bool]:
