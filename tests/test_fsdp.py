@@ -78,21 +78,6 @@ def test_a_nan_born_in_rank_0s_backward_is_found_before_the_reduce_scatter(tmp_p
 
 
 @pytest.mark.slow
-def test_a_healthy_fsdp_run_exits_0_and_trains_as_ddp_does(tmp_path):
-    (tmp_path / "fsdp").mkdir()
-    (tmp_path / "ddp").mkdir()
-    proc, sharded = run_two_ranks(tmp_path / "fsdp", {}, extra=FSDP)
-    assert proc.returncode == 0, proc.stderr
-    assert sharded["status"] == "healthy" and sharded["steps_completed"] == 10
-    assert [r["status"] for r in sharded["ranks"]] == ["clean", "clean"]
-    _, replicated = run_two_ranks(tmp_path / "ddp", {})
-    # same seed, same batches: the shards' loss and whole-model gradient norm are DDP's
-    for key in ("loss", "grad_norm"):
-        ours, theirs = sharded["telemetry"][key], replicated["telemetry"][key]
-        assert ours == pytest.approx(theirs, rel=1e-4), key
-
-
-@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_fsdp_job_with_exit_3(tmp_path):
     proc, report = run_two_ranks(tmp_path, {"raise_rank": 1, "raise_step": 3}, extra=FSDP)
     assert proc.returncode == 3
@@ -220,13 +205,13 @@ def test_fsdp_on_a_torch_without_fully_shard_is_a_config_error(monkeypatch):
         fsdp._fsdp_api()
 
 
-def _nandoctor(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    """A command on an FSDP config that asks for two ranks itself (`nproc_per_node: 2`)."""
+def _nandoctor(tmp_path, *args: str, strategy: str = "fsdp") -> subprocess.CompletedProcess:
+    """A command on a config that asks for two ranks itself (`nproc_per_node: 2`)."""
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "config.yaml").write_text(
         "model: train.py:build_model\ndata: train.py:build_data\n"
         "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 6\ndevice: cpu\n"
-        "distributed: {strategy: fsdp, nproc_per_node: 2}\n"
+        f"distributed: {{strategy: {strategy}, nproc_per_node: 2}}\n"
     )
     command = [sys.executable, "-m", "nandoctor", args[0], str(tmp_path / "config.yaml")]
     return subprocess.run(
@@ -235,17 +220,25 @@ def _nandoctor(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_baseline_of_an_fsdp_run_is_written_once_and_gates_the_next_run(tmp_path):
+def test_a_healthy_fsdp_run_exits_0_passes_its_baselines_gate_and_trains_as_ddp_does(tmp_path):
     proc = _nandoctor(tmp_path, "baseline", "--out", "baseline.json")
     assert proc.returncode == 0, proc.stderr
-    recorded = json.loads((tmp_path / "baseline.json").read_text())
-    assert recorded["health"]["steps"] == 6
+    assert json.loads((tmp_path / "baseline.json").read_text())["health"]["steps"] == 6
     proc = _nandoctor(tmp_path, "diagnose", "--baseline", "baseline.json", "--json", "r.json")
     assert proc.returncode == 0, proc.stderr
-    report = json.loads((tmp_path / "r.json").read_text())
-    checks = report["gate"]["checks"]
+    sharded = json.loads((tmp_path / "r.json").read_text())
+    assert sharded["status"] == "healthy" and sharded["steps_completed"] == 6
+    assert [r["status"] for r in sharded["ranks"]] == ["clean", "clean"]
+    checks = sharded["gate"]["checks"]
     assert checks and all(c["passed"] for c in checks), checks
-    assert [m["type"] for m in report["health"]["modules"]][:2] == ["Sequential", "Linear"]
+    assert [m["type"] for m in sharded["health"]["modules"]][:2] == ["Sequential", "Linear"]
+    (tmp_path / "ddp").mkdir()
+    proc = _nandoctor(tmp_path / "ddp", "diagnose", "--json", "r.json", strategy="ddp")
+    replicated = json.loads((tmp_path / "ddp" / "r.json").read_text())
+    # same seed, same batches: the shards' loss and whole-model gradient norm are DDP's
+    for key in ("loss", "grad_norm"):
+        ours, theirs = sharded["telemetry"][key], replicated["telemetry"][key]
+        assert ours == pytest.approx(theirs, rel=1e-4), key
 
 
 @pytest.mark.slow
