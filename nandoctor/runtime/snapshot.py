@@ -29,7 +29,7 @@ from torch import Tensor
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import iter_tensors, map_tensors
+from nandoctor.runtime.tensors import iter_tensors, local, map_tensors
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -247,7 +247,7 @@ def state_bytes(objects: TrainingObjects) -> int:
     """Bytes of weights, buffers and optimizer state: what one snapshot copies."""
     model, optimizer = model_and_optimizer(objects)
     tensors = [*model.state_dict().values(), *iter_tensors(list(optimizer.state.values()))]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(local(t).numel() * t.element_size() for t in tensors)  # FSDP: this rank's shard
 
 
 def _host_copy(batch: Any) -> Any:

@@ -4,13 +4,14 @@
 `torch.distributed.run` (torchrun's code, standalone rendezvous on this node); a user's
 own `torchrun --nnodes ... -m nandoctor diagnose CONFIG` works the same, rendezvous from
 the environment. In each worker, `join` starts the process group, the model is wrapped in
-DistributedDataParallel, and each rank gets its shard of the data.
+DistributedDataParallel (or sharded with FSDP2's `fully_shard`: `setup.fsdp`), and each
+rank gets its shard of the data.
 
 The sentinel's flags cross ranks once per step, in one small all-reduce of a
 `world_size x slots` tensor (each rank fills its row), so every rank stops at the same
 step and knows which ranks went non-finite **before** the gradient all-reduce (their
-batch, forward, loss or local gradients, seen by a DDP communication hook) and which only
-got it **through** the all-reduce.
+batch, forward, loss or local gradients, seen by a DDP communication hook or by FSDP's
+reduce-scatter) and which only got it **through** the all-reduce (or reduce-scatter).
 """
 
 from __future__ import annotations
