@@ -33,13 +33,15 @@ def build_data(rank, world_size, nan_rank=None, nan_step=None, raise_rank=None, 
 """
 
 
-def run_two_ranks(tmp_path, data_args: dict):
-    (tmp_path / "train.py").write_text(TRAIN)
+def run_two_ranks(tmp_path, data_args: dict, *, train: str = TRAIN, extra: str = ""):
+    """`nandoctor diagnose` on two gloo ranks; `extra` is appended to the config."""
+    (tmp_path / "train.py").write_text(train)
     config = tmp_path / "config.yaml"
     config.write_text(
         "model: train.py:build_model\ndata: train.py:build_data\n"
         f"data_args: {json.dumps(data_args)}\n"
         "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 10\ndevice: cpu\n"
+        + extra
     )
     out = tmp_path / "report.json"
     command = [sys.executable, "-m", "nandoctor", "diagnose", str(config), "--nproc-per-node", "2"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -11,7 +12,7 @@ from rich.console import Console
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.diagnose import run_with_progress
-from nandoctor.cli.outcome import Outcome, of_baseline
+from nandoctor.cli.outcome import Outcome, of_baseline, of_ranks
 from nandoctor.cli.output import write_text
 
 
@@ -33,16 +34,23 @@ def baseline(
     from nandoctor.diagnose import engine
     from nandoctor.gate.baseline import baseline_of
     from nandoctor.render.terminal import render_report
+    from nandoctor.setup import distributed
     from nandoctor.setup.load import load_config
 
     options.check_outputs({"--out": out})
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    nproc = loaded.config.distributed.nproc_per_node
+    if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
+        return of_ranks(distributed.launch(sys.argv[1:], nproc))
+    quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     # NB: a baseline records the run's health; it does not judge it (no gate)
     settings = engine.DiagnoseOptions(
         verify=False, measure_health=True, gate=False, time_budget=time_budget
     )
     console = Console(stderr=out == "-", highlight=False)
     report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
+    if distributed.current_rank() != 0:  # rank 0 writes the baseline
+        return Outcome()
     render_report(console, report, quiet=quiet)
     outcome = of_baseline(report)
     if outcome.found:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,7 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.cli.outcome import Outcome, of_comparison
+from nandoctor.cli.outcome import Outcome, of_comparison, of_ranks
 from nandoctor.cli.output import write_bytes, write_text
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def compare(
     from nandoctor.render.compare import render_comparison
     from nandoctor.render.plot import require_matplotlib
     from nandoctor.render.terminal import StepProgress
+    from nandoctor.setup import distributed
     from nandoctor.setup.load import load_config
 
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
@@ -54,6 +56,10 @@ def compare(
     if plot_path:
         require_matplotlib()
     loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    nproc = loaded.config.distributed.nproc_per_node
+    if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
+        return of_ranks(distributed.launch(sys.argv[1:], nproc))
+    quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
 
     progress: list[StepProgress] = []
@@ -72,6 +78,8 @@ def compare(
     finally:
         if progress:
             progress[-1].__exit__(None, None, None)
+    if distributed.current_rank() != 0:
+        return Outcome()
     render_comparison(console, comparison, quiet=quiet)
     write_outputs(comparison, outputs)
     return of_comparison(comparison)

@@ -19,6 +19,7 @@ from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparis
 from nandoctor.report.types import Tool
 from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run
 from nandoctor.runtime.headroom import HeadroomProbe
+from nandoctor.setup import distributed
 from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, resolve_device
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
 from nandoctor.setup.load import LoadedConfig
@@ -47,6 +48,7 @@ def compare(
         runs.append(run)
         if interrupted:
             break
+    distributed.leave()  # a data-parallel job (under torchrun): every rank is done
     reference = REFERENCE if any(r.dtype == REFERENCE for r in runs) else None
     if reference is not None:
         _fill_drift(runs, next(r for r in runs if r.dtype == reference))

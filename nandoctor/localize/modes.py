@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nandoctor.localize import ops
+from nandoctor.localize.origins import reaching
 from nandoctor.localize.stats import kinds_of
 from nandoctor.report.types import Frame
 
@@ -57,7 +58,25 @@ class OpChecker(TorchDispatchMode):
             self._viewed(func, args, kwargs, ops.output_tensors(out))
         else:
             self._checked(func, args, kwargs, out, written, before)
+            if ops.is_collective(func):
+                self._exchanged(func, args, kwargs, ops.collective_outputs(out))
         return out
+
+    def _exchanged(self, func: Any, args: tuple, kwargs: dict, outs: list) -> None:
+        """What a collective writes descends from what this rank sent, even where no
+        value is bad yet: the values may arrive after it returned (FSDP's reduce-scatter
+        output, read later by the copy into the gradient shard)."""
+        origins = self.tracer.origins
+        targets = {id(t) for t in outs}
+        sent = [
+            x
+            for _, t in ops.named_tensors(func, args, kwargs)
+            if id(t) not in targets and (x := origins.lineage(t)) is not None
+        ]
+        if sent:
+            lineage = reaching(sent)
+            for t in outs:
+                origins.expect(t, lineage)
 
     def _allocated(self, func: Any, args: tuple, kwargs: dict, outs: list) -> None:
         self.tracer.record_made(func, args, kwargs, outs, self.tracer.where())
@@ -108,6 +127,6 @@ class NodeRecorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if self.tracer.watching():
-            for t in ops.output_tensors(out):
+            for t in ops.output_tensors(out, shards=False):  # the autograd nodes are theirs
                 self.tracer.note_node(t.grad_fn, func)
         return out

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from nandoctor.report.evidence import ModuleStat
+from nandoctor.runtime.sharded import class_name
 from nandoctor.runtime.tensors import floating
 
 
@@ -43,7 +44,7 @@ class ModuleTracker:
 
     def __enter__(self) -> ModuleTracker:
         for name, module in self.model.named_modules():
-            self._types[name] = type(module).__name__
+            self._types[name] = class_name(module)  # FSDP: the user's class, not FSDP<Name>
             self._handles.append(module.register_forward_pre_hook(self._pre(name)))
             self._handles.append(module.register_forward_hook(self._post(name), always_call=True))
         return self

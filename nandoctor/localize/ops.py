@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from nandoctor.report.evidence import Recompute
+from nandoctor.runtime.tensors import local
 
 _REDUCED = (torch.float16, torch.bfloat16)
 
@@ -27,11 +28,11 @@ def named_tensors(func: Any, args: tuple, kwargs: dict) -> Iterator[tuple[str, t
     pairs = [*zip(names, args, strict=False), *kwargs.items()]
     for name, value in pairs:
         if isinstance(value, torch.Tensor):
-            yield name, value
+            yield name, local(value)
         elif isinstance(value, (list, tuple)):
             for i, v in enumerate(value):
                 if isinstance(v, torch.Tensor):
-                    yield f"{name}[{i}]", v
+                    yield f"{name}[{i}]", local(v)
 
 
 # NB: these allocate and leave the memory as it was: whatever they "hold" is garbage
@@ -60,6 +61,22 @@ def leaves_unwritten(func: Any) -> bool:
     return func.namespace == "aten" and func.overloadpacket.__name__ in _UNWRITTEN
 
 
+def is_collective(func: Any) -> bool:
+    """A c10d collective (`_reduce_scatter_base_`, `allreduce_`): what it writes comes from
+    every rank, and may arrive after it returned (work in flight)."""
+    return func.namespace == "c10d"
+
+
+def collective_outputs(out: Any) -> list[torch.Tensor]:
+    """The tensors a collective returns (its outputs: c10d's schemas do not mark them as
+    written), nested lists flattened; its `Work` left out."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for part in out for t in collective_outputs(part)]
+    return []
+
+
 def is_view(func: Any) -> bool:
     """An op whose output shows its input's values (`view`, `t`, `expand`, `detach`)."""
     return bool(getattr(func, "is_view", False))
@@ -82,12 +99,13 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[tuple[str, tor
     return [(n, t) for n, t in named_tensors(func, args, kwargs) if n.split("[")[0] in writes]
 
 
-def output_tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [t for t in out if isinstance(t, torch.Tensor)]
-    return []
+def output_tensors(out: Any, *, shards: bool = True) -> list[torch.Tensor]:
+    """An op's tensor outputs; with `shards`, a sharded one (a DTensor: FSDP's optimizer
+    step) as this rank's shard, which is what the checks read and the lineages follow."""
+    tensors = [out] if isinstance(out, torch.Tensor) else out
+    if not isinstance(tensors, (list, tuple)):
+        return []
+    return [local(t) if shards else t for t in tensors if isinstance(t, torch.Tensor)]
 
 
 def scalar_nonfinite(args: tuple, kwargs: dict) -> tuple[bool, bool]:

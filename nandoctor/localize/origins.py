@@ -59,6 +59,7 @@ class OriginTable:
         # NB: a view, or a tensor autograd saved, is another object on the same storage
         self._by_storage: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._unwritten: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._arriving: WeakIdKeyDictionary = WeakIdKeyDictionary()  # collectives' outputs
 
     def lineage(self, t: torch.Tensor) -> Lineage | None:
         found = self._by_tensor.get(t)
@@ -91,6 +92,18 @@ class OriginTable:
         origin = Origin(len(self.born), step, finding, deliberate)
         self.born.append(origin)
         return Lineage(origin, _ancestors(parents) | {origin.seq})
+
+    # -- a collective's output: its values may be copied in after it returned ---------
+    def expect(self, t: torch.Tensor, lineage: Lineage) -> None:
+        """`t` will receive what a collective made of values of this lineage."""
+        if (storage := _storage(t)) is not None:
+            self._arriving[storage] = lineage
+
+    def arrived(self, t: torch.Tensor) -> Lineage | None:
+        """The lineage a collective's output awaited, once (the op writing it is the
+        collective's work landing, from a buffer no op of ours saw)."""
+        storage = _storage(t)
+        return self._arriving.pop(storage, None) if storage is not None else None
 
     # -- memory an op allocated and left unwritten (`empty_like`): not a value -------
     def allocated(self, t: torch.Tensor) -> None:

@@ -37,7 +37,7 @@ from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects
-from nandoctor.runtime.tensors import named_tensors, nonfinite
+from nandoctor.runtime.tensors import local, named_tensors, nonfinite
 
 __all__ = ["Finding", "Tracer"]
 
@@ -94,10 +94,11 @@ class Tracer(Probe):
         self.ctx = ctx
         with self.quiet():
             for name, p in self.model.named_parameters():
-                if not bool(torch.isfinite(p).all()):
+                shard = local(p)  # NB: sharded (FSDP): this rank's shard, by the full name
+                if not bool(torch.isfinite(shard).all()):
                     owner = name.rpartition(".")[0]
                     self.origin = finding_of(
-                        Phase.PARAMETERS, owner, None, f"param:{name}", p, None
+                        Phase.PARAMETERS, owner, None, f"param:{name}", shard, None
                     )
                     return
 
@@ -130,7 +131,7 @@ class Tracer(Probe):
     def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
         """If any of these values is non-finite, the failure is reached: report the
         origin its lineage names (the earliest, when several reach it)."""
-        present = [(role, t) for role, t in named if t is not None]
+        present = [(role, local(t)) for role, t in named if t is not None]  # FSDP: shards
         if not present or not bool(nonfinite([t for _, t in present], present[0][1].device)):
             return
         bad = [(role, t) for role, t in present if not bool(torch.isfinite(t).all())]
@@ -179,6 +180,8 @@ class Tracer(Probe):
         fresh = [n for n in named if n not in before]
         kinds = dict(zip(fresh, kinds_of([named[n] for n in fresh]), strict=True)) | before
         parents = [x for n, t in named.items() if any(kinds[n]) and (x := self.origins.lineage(t))]
+        if not parents:  # a collective's result landing where it was awaited
+            parents = [x for _, t in bad if (x := self.origins.arrived(t)) is not None]
         inherits = any(not p.origin.deliberate for p in parents)  # then nothing else matters
         created = not inherits and _created(ops.scalar_nonfinite(args, kwargs), kinds, bad)
         lineage = descend(parents, created)

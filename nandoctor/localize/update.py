@@ -15,6 +15,7 @@ from torch import nn
 
 from nandoctor.report.evidence import UpdateRatio
 from nandoctor.runtime.state import TrainingObjects
+from nandoctor.runtime.tensors import whole
 
 ParamsBefore = Sequence[tuple[nn.Parameter, torch.Tensor]]  # each parameter, and its copy
 
@@ -24,8 +25,10 @@ def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRat
     names = {id(p): n for n, p in model.named_parameters()}
     deltas, norms, ratios = [], [], []
     for p, b in before:
-        d = (p.detach().float() - b.float()).norm()
-        n = b.float().norm()
+        # NB: a sharded parameter's norms are over all its shards (a collective per norm:
+        # every rank replays this step, in lockstep)
+        d = whole((p.detach().float() - b.float()).norm())
+        n = whole(b.float().norm())
         deltas.append(d)
         norms.append(n)
         ratios.append(d / n.clamp_min(1e-12))

@@ -18,6 +18,7 @@ import torch
 
 from nandoctor.report.health import Headroom
 from nandoctor.runtime.probe import Probe, StepContext
+from nandoctor.runtime.sharded import class_name
 from nandoctor.runtime.tensors import floating
 
 
@@ -49,7 +50,7 @@ class HeadroomProbe(Probe):
         self.model = model
         self._acts: dict[str, _Peak] = {}
         self._grads: dict[str, _Peak] = {}
-        self._types = {name: type(m).__name__ for name, m in model.named_modules()}
+        self._types = {name: class_name(m) for name, m in model.named_modules()}
         self._handles: list[Any] = []
         self._step = torch.zeros((), dtype=torch.int64)
 

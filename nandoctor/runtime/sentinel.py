@@ -188,7 +188,8 @@ class Sentinel(Probe):
     def _grads_ended(self, ctx: StepContext) -> None:
         device = self._device()
         grads = [p.grad for p in self.objects.params if p.grad is not None]
-        norm, bad = gradient_check(grads, device, ctx.grad_norm)
+        # NB: sharded (FSDP): this rank's shards; clip's norm is the whole model's, not theirs
+        norm, bad = gradient_check(grads, device, None if self._sharded else ctx.grad_norm)
         carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is
         if carried is not None:
             norm = norm / carried
@@ -236,7 +237,11 @@ class Sentinel(Probe):
             if event is not None:
                 event.synchronize()
             rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
-            yield self._current_judge()(_reading(step, rows, has_scale))
+            yield self._current_judge()(_reading(step, rows, has_scale, self._sharded))
+
+    @property
+    def _sharded(self) -> bool:
+        return self.ranks is not None and self.ranks.sharded
 
     def _current_judge(self) -> Judge:
         """A hooked run may meet its GradScaler only when it first scales a loss: the judge
@@ -251,8 +256,9 @@ def _bad(value: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(value)
 
 
-def _reading(step: int, rows: list[list[float]], has_scale: bool) -> Reading:
-    """One reading from every rank's row: a flag is up if any rank raised it."""
+def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool = False) -> Reading:
+    """One reading from every rank's row: a flag is up if any rank raised it. `sharded`:
+    each row's gradient norm is its rank's shard's, and the model's is their L2 sum."""
     per_rank = [dict(zip(_SLOTS, row, strict=True)) for row in rows]
     any_rank = {k: any(r[k] for r in per_rank) for k in _SLOTS}
     origin = tuple(i for i, r in enumerate(per_rank) if any(r[k] for k in _ORIGIN_SLOTS))
@@ -267,11 +273,15 @@ def _reading(step: int, rows: list[list[float]], has_scale: bool) -> Reading:
         grads=any_rank["grads"],
         params=any_rank["params"],
         loss=statistics.fmean(r["loss"] for r in per_rank),
-        grad_norm=first["grad_norm"],  # the same on every rank after the all-reduce
+        grad_norm=_shards_norm(per_rank) if sharded else first["grad_norm"],  # DDP: all equal
         scale=first["scale"] if has_scale else None,
         origin_ranks=origin if len(per_rank) > 1 else (),
         inherited_ranks=tuple(i for i in bad if i not in origin) if len(per_rank) > 1 else (),
     )
+
+
+def _shards_norm(per_rank: list[dict[str, float]]) -> float:
+    return math.sqrt(sum(r["grad_norm"] ** 2 for r in per_rank))
 
 
 class Judge:

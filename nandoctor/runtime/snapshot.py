@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nandoctor.runtime import amp
+from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import iter_tensors, map_tensors
+from nandoctor.runtime.tensors import iter_tensors, local, map_tensors
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -83,8 +83,8 @@ class StateSnapshot:
     def capture(self, objects: TrainingObjects, step: int) -> None:
         model, optimizer = model_and_optimizer(objects)
         self.step = step
-        _copy_into(self.model, model.state_dict())
-        state = optimizer.state_dict()
+        _copy_into(self.model, sharded.local_state(model.state_dict()))  # FSDP: this shard
+        state = sharded.local_optimizer_state(optimizer.state_dict())
         self.optimizer = {
             "state": {
                 i: _copy_into(self.optimizer.get("state", {}).get(i, {}), s)
@@ -102,10 +102,10 @@ class StateSnapshot:
         device = objects.device
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)  # the async copies into host memory are done
-        model.load_state_dict(self.model)
+        model.load_state_dict(sharded.model_state_like(model, self.model))
         # NB: load_state_dict keeps tensors that already sit on the right device and dtype,
         # and the optimizer then updates them in place: hand it copies, keep ours intact.
-        optimizer.load_state_dict(_cloned(self.optimizer))
+        optimizer.load_state_dict(sharded.optimizer_state_like(optimizer, _cloned(self.optimizer)))
         amp.restore(objects.scaler, self.scaler)
         if objects.scheduler is not None and self.scheduler is not None:
             objects.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
@@ -252,7 +252,7 @@ def state_bytes(objects: TrainingObjects) -> int:
     """Bytes of weights, buffers and optimizer state: what one snapshot copies."""
     model, optimizer = model_and_optimizer(objects)
     tensors = [*model.state_dict().values(), *iter_tensors(list(optimizer.state.values()))]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(local(t).numel() * t.element_size() for t in tensors)  # FSDP: this rank's shard
 
 
 def _host_copy(batch: Any) -> Any:

@@ -111,7 +111,7 @@ def _grouped_norms(
     """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        groups.setdefault((t.device, t.dtype), []).append(t.detach())
+        groups.setdefault((t.device, t.dtype), []).append(local(t).detach())
     norms: list[torch.Tensor] = []
     for (device, _), group in groups.items():
         if device.type in ("cpu", "cuda") and not group[0].is_sparse:
@@ -152,7 +152,9 @@ def nonfinite(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Te
     on CUDA, one fused float64 L1 norm per dtype group instead of a kernel per tensor.
     """
     tensors = [
-        t.detach() for t in tensors if (t.is_floating_point() or t.is_complex()) and t.numel()
+        local(t).detach()
+        for t in tensors
+        if (t.is_floating_point() or t.is_complex()) and local(t).numel()
     ]
     if not tensors:
         return torch.zeros((), dtype=torch.bool, device=device)
@@ -178,6 +180,20 @@ def gradient_check(
         return norm, ~torch.isfinite(norm)
     norm = clip_norm.detach() if clip_norm is not None else total_norm(grads, device)
     return norm, nonfinite(grads, device)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor (a DTensor: FSDP's parameters, gradients and
+    optimizer state), the tensor itself otherwise: the checks here never cross ranks."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor's value over all ranks (a DTensor's `full_tensor()`: a collective,
+    so every rank must call it at the same point), the tensor itself otherwise."""
+    full_tensor = getattr(t, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else t
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,14 @@
 `torch.distributed.run` (torchrun's code, standalone rendezvous on this node); a user's
 own `torchrun --nnodes ... -m nandoctor diagnose CONFIG` works the same, rendezvous from
 the environment. In each worker, `join` starts the process group, the model is wrapped in
-DistributedDataParallel, and each rank gets its shard of the data.
+DistributedDataParallel (or sharded with FSDP2's `fully_shard`: `setup.fsdp`), and each
+rank gets its shard of the data.
 
 The sentinel's flags cross ranks once per step, in one small all-reduce of a
 `world_size x slots` tensor (each rank fills its row), so every rank stops at the same
 step and knows which ranks went non-finite **before** the gradient all-reduce (their
-batch, forward, loss or local gradients, seen by a DDP communication hook) and which only
-got it **through** the all-reduce.
+batch, forward, loss or local gradients, seen by a DDP communication hook or by FSDP's
+reduce-scatter) and which only got it **through** the all-reduce (or reduce-scatter).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Ranks:
             device,
         )
         self._local_bad = torch.zeros((), dtype=torch.bool, device=device)
+        self._noted = False  # gradients were seen before they were combined, this step
+        self.sharded = False  # FSDP (`setup.fsdp`): each rank holds a shard of each parameter
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -59,12 +62,18 @@ class Ranks:
         return ddp
 
     def note_local_gradients(self, bucket_values: torch.Tensor) -> None:
+        """Called with this rank's own gradients just before they are combined: a DDP
+        bucket before its all-reduce, an FSDP module's before its reduce-scatter."""
         self._local_bad = self._local_bad | ~torch.isfinite(bucket_values).all()
+        self._noted = True
 
-    def local_grads_bad(self) -> torch.Tensor:
-        """Whether this rank's own gradients held NaN/inf before the all-reduce; resets."""
+    def local_grads_bad(self) -> torch.Tensor | None:
+        """Whether this rank's own gradients held NaN/inf before the all-reduce; resets.
+        None when none were seen (FSDP on one rank combines nothing): then the gradients'
+        own check is the local one."""
         flag, self._local_bad = self._local_bad, torch.zeros_like(self._local_bad)
-        return flag
+        noted, self._noted = self._noted, False
+        return flag if noted else None
 
     def gather_rows(self, row: torch.Tensor) -> torch.Tensor:
         table = torch.zeros((self.world_size, row.numel()), dtype=row.dtype, device=row.device)
@@ -73,11 +82,7 @@ class Ranks:
         return table
 
     def leave(self) -> None:
-        """Wait for every rank, then close the process group: a process that exits while
-        gloo's threads still run is aborted ("terminate called without an active exception")."""
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        leave()
 
     def gather_objects(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
@@ -110,6 +115,14 @@ class Ranks:
                 drop_last=data.drop_last,
             )
         return _EveryNth(data, self.rank, self.world_size)
+
+
+def leave() -> None:
+    """Wait for every rank, then close the process group: a process that exits while
+    gloo's threads still run is aborted ("terminate called without an active exception")."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _check_then_allreduce(state, bucket):
@@ -185,4 +198,4 @@ def launch(argv: list[str], nproc_per_node: int) -> dict[int, int]:
     return {}
 
 
-__all__ = ["Ranks", "current_rank", "join", "launch", "under_launcher"]
+__all__ = ["Ranks", "current_rank", "join", "launch", "leave", "under_launcher"]

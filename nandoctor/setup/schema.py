@@ -127,6 +127,14 @@ class SnapshotPolicy(_Section):
         return None if self.every == "auto" else int(self.every)
 
 
+class FsdpMixedPrecision(_Section):
+    """FSDP2's `MixedPrecisionPolicy`: the dtype of the unsharded parameters the forward and
+    backward compute with, and the dtype gradients are reduce-scattered in."""
+
+    param_dtype: DtypeName | None = Field(None, description="default: the parameters' own")
+    reduce_dtype: DtypeName | None = Field(None, description="default: param_dtype")
+
+
 class DistributedConfig(_Section):
     """Data-parallel runs: `nandoctor diagnose` relaunches itself on this many processes."""
 
@@ -134,8 +142,26 @@ class DistributedConfig(_Section):
     backend: Literal["gloo", "nccl"] | None = Field(
         None, description="default: nccl on CUDA, gloo on CPU"
     )
-    strategy: Literal["ddp"] = Field("ddp", description="DistributedDataParallel")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: DistributedDataParallel; fsdp: FSDP2 fully_shard"
+    )
+    shard_modules: list[str] | None = Field(
+        None,
+        description="fsdp: module paths (or class names) to fully_shard before the root; "
+        "default: each child module that holds parameters",
+    )
+    mixed_precision: FsdpMixedPrecision | None = Field(
+        None, description="fsdp: MixedPrecisionPolicy (param_dtype, reduce_dtype)"
+    )
     timeout_s: Number = Field(300.0, description="a rank that hangs this long ends the job")
+
+    @model_validator(mode="after")
+    def _fsdp_keys_need_fsdp(self) -> DistributedConfig:
+        if self.strategy != "fsdp":
+            for key in ("shard_modules", "mixed_precision"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"`{key}` applies to strategy: fsdp only")
+        return self
 
 
 class Config(_Section):

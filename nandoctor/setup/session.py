@@ -11,7 +11,7 @@ import difflib
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from nandoctor.errors import ConfigError, user_code
 from nandoctor.setup import checkpoint as ckpt
-from nandoctor.setup import distributed
+from nandoctor.setup import distributed, fsdp
 from nandoctor.setup.data import BatchStream
 from nandoctor.setup.devices import check_dtype_supported, resolve_device
 from nandoctor.setup.distributed import Ranks
@@ -77,10 +77,15 @@ def build_session(loaded: LoadedConfig) -> Session:
     state = ckpt.load(base / config.checkpoint) if config.checkpoint else None
     if state is not None:
         ckpt.restore_model(model, state)
+    sharded = ranks is not None and config.distributed.strategy == "fsdp"
+    if sharded:  # NB: before the optimizer, which steps each rank's shards
+        fsdp.shard(model, config.distributed, cast(Ranks, ranks))
     optimizer = build_optimizer(config.optimizer, model, base)
     scheduler = build_scheduler(config.scheduler, optimizer, base) if config.scheduler else None
     scaler = _build_scaler(config, device)
     if state is not None:
+        if sharded and state.optimizer is not None:  # whole tensors: cut this rank's shards
+            state = replace(state, optimizer=fsdp.shard_optimizer_state(optimizer, state.optimizer))
         ckpt.restore_training_state(state, optimizer, scaler)
     start = state.step if state is not None else 0
     stream = BatchStream(_data_source(config, base, ranks), config.seed, start)
@@ -88,7 +93,7 @@ def build_session(loaded: LoadedConfig) -> Session:
     parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
     session = Session(config, loaded.path, *parts)
     if ranks is not None:
-        session.ranks, session.train_model = ranks, ranks.wrap(model)
+        session.ranks, session.train_model = ranks, model if sharded else ranks.wrap(model)
     return session
 
 
