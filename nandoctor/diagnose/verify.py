@@ -329,9 +329,10 @@ class Resume:
             for key in ("lr", "initial_lr") if factor is not None else ():
                 if key in group:
                     group[key] = group[key] * factor
-        base_lrs = getattr(session.scheduler, "base_lrs", None)
-        if factor is not None and base_lrs is not None:
-            session.scheduler.base_lrs = [lr * factor for lr in base_lrs]
+        scheduler = session.scheduler
+        base_lrs = getattr(scheduler, "base_lrs", None)
+        if factor is not None and scheduler is not None and base_lrs is not None:
+            scheduler.base_lrs = [lr * factor for lr in base_lrs]
         session.start_step = self.snapshot.step
 
 
