@@ -12,9 +12,12 @@ import functools
 import os
 import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
+from typing import Any
+
+import torch
 
 
 class ExitCode(IntEnum):
@@ -103,19 +106,88 @@ def is_user_file(filename: str) -> bool:
 
 @contextlib.contextmanager
 def user_code(where: str) -> Iterator[None]:
-    """Run a call into the user's code; whatever it raises becomes a `UserCodeError`."""
+    """Run a call into the user's code; whatever it raises becomes a `UserCodeError`.
+
+    `sys.exit()` (and `os._exit`, see `ProcessExit`) there is the user's code ending the
+    run: a `UserExit` (exit 3). A `KeyboardInterrupt` stays one: the run is interrupted.
+    The global torch settings the user's code changes stay the user's: they are put back
+    for nandoctor's own work after the call, and again for the user's next call
+    (`torch_globals`)."""
+    with torch_globals():
+        try:
+            yield
+        except NandoctorError:
+            raise
+        except SystemExit as e:
+            raise UserExit(where, e) from e
+        except Exception as e:
+            _raise_user_error(where, e)
+
+
+def _raise_user_error(where: str, e: Exception) -> None:
+    if _peer_failed(e):
+        rank = os.environ.get("RANK", "?")
+        raise PeerFailure(
+            f"rank {rank}: another rank failed or hung during {where}",
+            hint="that rank's own error is printed above",
+        ) from e
+    raise UserCodeError(where, e) from e
+
+
+# The global torch settings a user's code may change for its own purposes, and how to
+# read and set each: nandoctor's own work (snapshots, checks, the tracer) runs with the
+# values it started with, the user's calls with the values the user's code last left.
+_GLOBALS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+    "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+    "threads": (torch.get_num_threads, torch.set_num_threads),
+}
+_user_globals: dict[str, Any] = {}  # what the user's code set, by name
+
+
+@contextlib.contextmanager
+def torch_globals() -> Iterator[None]:
+    """Around one call into the user's code: apply what the user's code set before,
+    remember what it sets now, and put nandoctor's own values back afterwards."""
+    ours = {name: get() for name, (get, _) in _GLOBALS.items()}
+    for name, value in _user_globals.items():
+        _GLOBALS[name][1](value)
+    before = {name: get() for name, (get, _) in _GLOBALS.items()}
     try:
         yield
-    except NandoctorError:
-        raise
-    except Exception as e:
-        if _peer_failed(e):
-            rank = os.environ.get("RANK", "?")
-            raise PeerFailure(
-                f"rank {rank}: another rank failed or hung during {where}",
-                hint="that rank's own error is printed above",
-            ) from e
-        raise UserCodeError(where, e) from e
+    finally:
+        for name, (get, set_) in _GLOBALS.items():
+            now = get()
+            if now != before[name]:
+                _user_globals[name] = now
+            if now != ours[name]:
+                set_(ours[name])
+
+
+def changed_torch_globals() -> dict[str, Any]:
+    """The global torch settings the user's code changed (for the report's notes)."""
+    return dict(_user_globals)
+
+
+def forget_torch_globals() -> None:
+    """A new run starts from the process's own settings (tests run many in one process)."""
+    _user_globals.clear()
+
+
+class ProcessExit(SystemExit):
+    """`os._exit(code)` called by the user's code while nandoctor runs it in-process
+    (`cli.app` turns `os._exit` into this for the command's own process and thread)."""
+
+
+class UserExit(UserCodeError):
+    """The user's code called `sys.exit()`, `os._exit` or raised `SystemExit` (exit 3):
+    the run ended there, not by a NaN."""
+
+    def __init__(self, where: str, error: SystemExit) -> None:
+        call = "os._exit" if isinstance(error, ProcessExit) else "sys.exit"
+        super().__init__(where, error)
+        self.message = f"{where} called {call}({error.code!r}): your code ended the run there"
+        self.args = (self.message,)
 
 
 class PeerFailure(NandoctorError):

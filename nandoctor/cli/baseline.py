@@ -33,8 +33,10 @@ def baseline(
     debug: bool = options.Debug,
 ) -> Outcome:
     """Record a healthy run's numeric health; exit 1 (and write nothing) if it is not healthy."""
-    options.check_outputs({"--out": out})
+    outputs = options.check_outputs({"--out": out})
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    options.protect_inputs(outputs, loaded)
+    out = outputs["--out"] or out
     # NB: a baseline records the run's health; it does not judge it (no gate)
     settings = engine.DiagnoseOptions(
         verify=False, measure_health=True, gate=False, time_budget=time_budget
@@ -44,7 +46,8 @@ def baseline(
     render_report(console, report, quiet=quiet)
     outcome = of_baseline(report)
     if outcome.found:
-        console.print("[red]no baseline written: the run was not healthy[/]")
+        why = "was interrupted" if outcome.interrupted else "was not healthy"
+        console.print(f"[red]no baseline written: the run {why}[/]")
         return outcome
     write_text(
         out, baseline_of(report, loaded.config.seed, report.steps_completed).to_json(), "--out"

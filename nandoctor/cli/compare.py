@@ -50,6 +50,7 @@ def compare(
     if plot_path:
         require_matplotlib()
     loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    options.protect_inputs(outputs, loaded)
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
 
     progress: list[StepProgress] = []

@@ -64,6 +64,7 @@ def diagnose(
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    options.protect_inputs(outputs, loaded, baseline=baseline)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():
         return of_ranks(distributed.launch(sys.argv[1:], nproc))

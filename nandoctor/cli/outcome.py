@@ -10,6 +10,7 @@ either to SPEC.md's codes. No other module makes an exit code.
 | a usage or config error (`UsageError`, `ConfigError`)    | 2                       |
 | the user's code raised (`UserCodeError`), a rank died    | 3                       |
 | interrupted: Ctrl-C, SIGTERM, or a report "interrupted"  | 130                     |
+| anything else nandoctor did not foresee (a full disk...) | 2 (never 1)             |
 | found: non-finite values, a failed gate, lint findings   | 1                       |
 | `watch`, nothing found                                   | the command's own code  |
 | nothing found                                            | 0                       |
@@ -73,9 +74,9 @@ def of_watch(report: Report, command_code: int) -> Outcome:
 
 
 def of_baseline(report: Report) -> Outcome:
-    """`baseline`: only a healthy run is recorded; any other (an interrupted one too, as
-    before this module existed) exits 1."""
-    return Outcome(found=not report.healthy)
+    """`baseline`: only a healthy run is recorded; any other exits 1, an interrupted
+    one 130 (SPEC: "130 interrupted", for every command)."""
+    return Outcome(found=not report.healthy, interrupted=report.status == "interrupted")
 
 
 def of_ranks(codes: dict[int, int]) -> Outcome:
@@ -97,8 +98,10 @@ def _ranks_code(codes: dict[int, int]) -> int:
 
 
 def of_comparison(comparison: Comparison) -> Outcome:
-    """`compare`: 1 unless every dtype's run stayed healthy (an interrupted run too)."""
-    return Outcome(found=not comparison.healthy)
+    """`compare`: 1 unless every dtype's run stayed healthy; 130 when a run was
+    interrupted (its partial comparison is still written)."""
+    interrupted = any(r.status == "interrupted" for r in comparison.runs)
+    return Outcome(found=not comparison.healthy, interrupted=interrupted)
 
 
 __all__ = [

@@ -8,6 +8,7 @@ of `configfile.py`; this module only declares.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -25,6 +26,7 @@ from nandoctor.setup.dtypes import canonical_dtype
 
 _ENTRYPOINT = re.compile(r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+MAX_STEPS = sys.maxsize  # the platform's index range: a step is an index (islice, tensors)
 
 
 def _check_entrypoint(value: str) -> str:
@@ -157,7 +159,7 @@ class Config(_Section):
     clip_grad_norm: Number | None = Field(
         None, description="unscale_ then clip_grad_norm_ to this max norm"
     )
-    steps: Count = Field(500, description="optimizer steps to replay; epochs cycle")
+    steps: Count = Field(500, le=MAX_STEPS, description="optimizer steps to replay; epochs cycle")
     device: DeviceName = "auto"
     seed: Annotated[int, BeforeValidator(_not_a_bool)] = Field(0, ge=0, lt=2**32)
     snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy)

@@ -19,10 +19,12 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,6 +47,7 @@ class WatchOptions:
     keep_going: bool = False  # --continue
     replay: bool = True
     replay_budget: float = DEFAULT_REPLAY_BUDGET
+    stdout_to_stderr: bool = False  # the report goes to stdout (`--json -`): keep it clean
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ def watch(
     on_replay: Callable[[int], None] | None = None,
 ) -> Watched:
     with tempfile.TemporaryDirectory(prefix="nandoctor-watch-") as folder:
-        code = run_command(command, Settings(folder, keep_going=options.keep_going))
+        settings = Settings(folder, keep_going=options.keep_going)
+        code = run_command(command, settings, stdout_to_stderr=options.stdout_to_stderr)
         runs, attached = results.load_runs(folder), results.attached(folder)
     first = runs[0] if runs else None
     failure = first.result.failure if first is not None else None
@@ -74,7 +78,11 @@ def watch(
 
 
 def run_command(
-    command: list[str], settings: Settings, log: Path | None = None, timeout: float | None = None
+    command: list[str],
+    settings: Settings,
+    log: Path | None = None,
+    timeout: float | None = None,
+    stdout_to_stderr: bool = False,
 ) -> int:
     """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted)."""
     env = dict(os.environ)
@@ -82,7 +90,8 @@ def run_command(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOT_DIR), env.get("PYTHONPATH")) if p)
     out = open(log, "wb") if log is not None else None  # noqa: SIM115  (closed below)
     try:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=out)
+        stdout: Any = out if out is not None else (sys.stderr if stdout_to_stderr else None)
+        proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=out)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
         raise UsageError(f"watch: cannot run {command[0]!r}: {e.strerror or e}") from None
     finally:
