@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -37,6 +38,15 @@ class NodeInfo:
     frames: list[Frame] = field(default_factory=list)
 
 
+def _unusual(args: tuple, kwargs: dict) -> bool:
+    """An op on sparse or meta tensors: run, not checked (its values are not strided
+    memory the checks can read; the phase checks still see what it produced)."""
+    leaves = [*pytree.tree_leaves(args), *pytree.tree_leaves(kwargs)]
+    return any(
+        isinstance(t, torch.Tensor) and (t.layout != torch.strided or t.is_meta) for t in leaves
+    )
+
+
 class OpChecker(TorchDispatchMode):
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
@@ -44,7 +54,7 @@ class OpChecker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.tracer.watching():
+        if not self.tracer.watching() or _unusual(args, kwargs):
             return func(*args, **kwargs)
         if ops.leaves_unwritten(func):
             out = func(*args, **kwargs)

@@ -24,8 +24,8 @@ def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRat
     names = {id(p): n for n, p in model.named_parameters()}
     deltas, norms, ratios = [], [], []
     for p, b in before:
-        d = (p.detach().float() - b.float()).norm()
-        n = b.float().norm()
+        d = (_real(p.detach()) - _real(b)).norm()
+        n = _real(b).norm()
         deltas.append(d)
         norms.append(n)
         ratios.append(d / n.clamp_min(1e-12))
@@ -58,3 +58,8 @@ class UpdateTracker:
         ratio = update_ratio(model, step, before)
         if ratio.ratio > 0:
             self.latest = ratio
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """A weight as real float32 numbers (a complex one: its real and imaginary parts)."""
+    return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).float()

@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import time
 
-import torch
-
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
@@ -19,7 +17,7 @@ from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import floating
+from nandoctor.runtime.tensors import floating, nonfinite
 from nandoctor.setup.session import Session
 
 
@@ -70,7 +68,8 @@ def fast_run(
 
 
 def _finite_batch(batch: object) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in floating(batch))
+    tensors = [t for t in floating(batch) if not t.is_meta]
+    return not tensors or not bool(nonfinite(tensors, tensors[0].device))
 
 
 __all__ = ["RunResult", "StepCallback", "fast_run"]

@@ -251,5 +251,19 @@ def state_bytes(objects: TrainingObjects) -> int:
 
 
 def _host_copy(batch: Any) -> Any:
-    """A private host copy of the batch: the user's loss may modify its batch in place."""
-    return map_tensors(batch, lambda t: t.detach().to("cpu", copy=True), copy.deepcopy)
+    """A private host copy of the batch: the user's loss may modify its batch in place.
+
+    NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
+    file in a batch field (deepcopy refuses them); the replay then sees the same object."""
+    return map_tensors(batch, _tensor_copy, _leaf_copy)
+
+
+def _tensor_copy(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_meta else t.detach().to("cpu", copy=True)
+
+
+def _leaf_copy(leaf: Any) -> Any:
+    try:
+        return copy.deepcopy(leaf)
+    except Exception:
+        return leaf
