@@ -180,6 +180,24 @@ def _raised_in_user_code(error: BaseException) -> bool:
     return bool(frames) and is_user_file(frames[-1].filename)
 
 
+def end_past_user_threads(code: object) -> None:
+    """Exit now, with `code`, when threads the user's code started (not daemons) are
+    still running: Python would wait for them forever after our report was written.
+    Output is flushed first; nothing of nandoctor's is left to do."""
+    main = threading.main_thread()
+    alive = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    if not alive:
+        return
+    names = ", ".join(t.name for t in alive[:3])
+    stderr_console().print(
+        f"[dim]nandoctor: ending {len(alive)} thread(s) your code left running ({names})[/]"
+    )
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
 def print_peer_error(error: BaseException) -> None:
     rank = os.environ.get("RANK", "?")
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -96,7 +96,7 @@ class OpChecker(TorchDispatchMode):
         tracer.record_made(func, args, kwargs, outputs, where)
         for _, t in written:
             tracer.origins.written(t)
-        floats = [(i, t) for i, t in enumerate(outputs) if t.is_floating_point()]
+        floats = [(i, t) for i, t in enumerate(outputs) if t.is_floating_point() or t.is_complex()]
         if not floats:
             return
         flags = torch.stack([~torch.isfinite(t).all() for _, t in floats]).tolist()
