@@ -126,12 +126,28 @@ def user_code(where: str) -> Iterator[None]:
 
 def _raise_user_error(where: str, e: Exception) -> None:
     if _peer_failed(e):
-        rank = os.environ.get("RANK", "?")
-        raise PeerFailure(
-            f"rank {rank}: another rank failed or hung during {where}",
-            hint="that rank's own error is printed above",
-        ) from e
+        raise peer_failure(e, where) from e
     raise UserCodeError(where, e) from e
+
+
+def peer_failure(error: BaseException, where: str) -> PeerFailure:
+    """The one line a rank prints when a collective failed because of another rank."""
+    rank = os.environ.get("RANK", "?")
+    if "Timed out" in str(error) or "timed out" in str(error):
+        return PeerFailure(
+            f"rank {rank}: another rank hung: no answer within distributed.timeout_s "
+            f"during {where}",
+            hint="a rank stuck in its data or its model; raise distributed.timeout_s if slow",
+        )
+    return PeerFailure(
+        f"rank {rank}: another rank failed or hung during {where}",
+        hint="that rank's own error is printed above",
+    )
+
+
+def peer_failed(error: BaseException) -> bool:
+    """In a rank of a data-parallel job: the error says another rank is gone or silent."""
+    return _peer_failed(error)
 
 
 # The global torch settings a user's code may change for its own purposes, and how to
@@ -196,11 +212,28 @@ class PeerFailure(NandoctorError):
     exit_code = ExitCode.USER_CODE
 
 
+class RankDied(NandoctorError):
+    """A rank of a data-parallel job was killed (a signal, the OOM killer) (exit 3)."""
+
+    exit_code = ExitCode.USER_CODE
+
+
 def _peer_failed(error: BaseException) -> bool:
     if "RANK" not in os.environ:  # not a worker of a data-parallel job
         return False
     name = type(error).__name__
     text = str(error)
     return name in ("DistError", "DistBackendError", "DistNetworkError") or any(
-        s in text for s in ("Connection closed by peer", "remote worker crashing", "Timed out")
+        s in text for s in _PEER_GONE
     )
+
+
+# What gloo and NCCL say when the other end of a collective is gone or silent.
+_PEER_GONE = (
+    "Connection closed by peer",
+    "remote worker crashing",
+    "Timed out",
+    "Read error",
+    "Connection reset by peer",
+    "Broken pipe",
+)

@@ -33,6 +33,8 @@ from nandoctor.errors import (
     UserExit,
     forget_torch_globals,
     is_user_file,
+    peer_failed,
+    peer_failure,
 )
 from nandoctor.version import __version__
 
@@ -146,6 +148,8 @@ def unexpected_error(error: BaseException) -> NandoctorError:
     2, "internal error"). Never exit 1: that would tell CI a NaN was found."""
     if isinstance(error, SystemExit):
         return UserExit("your code", error)
+    if peer_failed(error):  # a rank's collective outside the user's code (the last barrier)
+        return peer_failure(error, "the job's end")
     if isinstance(error, OSError):
         return environment_error(error)
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):

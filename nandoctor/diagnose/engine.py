@@ -10,9 +10,12 @@ progress, gets the report back, and decides the exit code from it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch.distributed
 
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose import verify as whatif
@@ -107,8 +110,19 @@ def diagnose(
             findings.gate = _gate_of(findings, options)
     _causes(findings, loaded, session, options, lrs)
     if session.ranks is not None:
-        session.ranks.leave()
+        _leave(session, interrupted=result.status == "interrupted")
     return assemble(findings)
+
+
+def _leave(session: Session, interrupted: bool) -> None:
+    """Leave the job; an interrupted rank (the launcher's SIGTERM reached every rank)
+    does not wait at the final barrier for ranks that may be gone already."""
+    assert session.ranks is not None
+    if not interrupted:
+        session.ranks.leave()
+        return
+    with contextlib.suppress(Exception):
+        torch.distributed.destroy_process_group()
 
 
 def _localize(
