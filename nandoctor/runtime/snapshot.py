@@ -34,6 +34,7 @@ from nandoctor.runtime.tensors import iter_tensors, map_tensors
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
 AUTO_MAX_EVERY = 64  # ...and at most this many
+MEMORY_ERRORS = (torch.OutOfMemoryError, MemoryError)
 
 
 @dataclass
@@ -151,14 +152,27 @@ class SnapshotStore:
         self._spare: list[StateSnapshot] = []
         self._pinned: StateSnapshot | None = None
         self._batches: dict[int, Any] = {}
+        self.out_of_memory = False  # snapshots stopped: no memory left to keep them
 
     def before_step(self, step: int, batch: Any, *, copied: bool = False) -> None:
         """Keep `batch` (a private host copy of it, unless it is `copied` already: a
         Guard's `KeptStep`) and, by the policy, the state the step starts from."""
-        self._batches[step] = batch if copied else _host_copy(batch)
-        if not self._snapshots or step - self._snapshots[-1].step >= self._every():
-            self._capture(step)
+        if self.out_of_memory:
+            return
+        try:
+            self._batches[step] = batch if copied else _host_copy(batch)
+            if not self._snapshots or step - self._snapshots[-1].step >= self._every():
+                self._capture(step)
+        except MEMORY_ERRORS:
+            self._give_up()
+            return
         self._forget_old_batches()
+
+    def _give_up(self) -> None:
+        """Out of host memory for snapshots: keep none, free their buffers, and let the
+        run go on unwatched by replays (a replay then says it cannot rewind)."""
+        self.out_of_memory = True
+        self._snapshots, self._spare, self._pinned, self._batches = [], [], None, {}
 
     def pin(self, step: int) -> None:
         """Keep the snapshot that reaches `step` until `unpin` (a scaler streak began)."""
