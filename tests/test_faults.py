@@ -388,3 +388,45 @@ def test_a_thread_the_user_left_running_does_not_keep_diagnose_alive(folder):
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "ending 1 thread(s) your code left running (user-sleeper)" in proc.stderr
+
+
+WATCHED = """
+import os
+import torch
+from torch import nn
+
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    print("step", step)  # the script's own stdout
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+os._exit(0)  # skips atexit, where a watched process writes what it saw
+"""
+
+
+def test_watch_never_writes_its_report_over_the_script(folder):
+    (folder / "script.py").write_text(WATCHED)
+    result = runner.invoke(app, ["watch", "--json", "script.py", "--", "python", "script.py"])
+    assert result.exit_code == 2, result.output
+    assert "is the run's command's file script.py; refusing to overwrite it" in result.output
+    assert (folder / "script.py").read_text() == WATCHED
+
+
+@pytest.mark.slow
+def test_watch_reports_a_script_that_ends_with_os_exit_and_keeps_stdout_json(folder):
+    (folder / "script.py").write_text(WATCHED)
+    command = [sys.executable, "-m", "nandoctor", "watch", "--json", "-", "-q"]
+    proc = subprocess.run(
+        [*command, "--", sys.executable, "script.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=folder,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # the script's prints went to stderr
+    assert report["status"] == "healthy" and report["steps_completed"] == 3
+    assert "step 2" in proc.stderr
