@@ -218,8 +218,17 @@ def test_each_odd_run_ends_with_its_exit_code_and_report(
     assert torch.is_grad_enabled() == grad
 
 
+def test_a_global_setting_the_users_code_changed_is_reported(folder):
+    result = diagnose(str(configured(folder, "loss: faults.py:sets_float64")), "--json", "r.json")
+    assert result.exit_code == 0, result.output
+    notes = json.loads((folder / "r.json").read_text())["notes"]
+    assert any("your code set torch's default dtype to torch.float64" in n for n in notes)
+    assert torch.get_default_dtype() == torch.float32
+
+
 # (name, the --json path given, relative to the folder; what it is)
 INPUTS = [
+    ("a symlink to the checkpoint", "ckpt-link", "checkpoint"),
     ("the config", "config.yaml", "config"),
     ("a source file it names", "train.py", "model source train.py"),
     ("the checkpoint", "start.pt", "checkpoint"),
@@ -233,11 +242,21 @@ def test_a_report_never_overwrites_the_runs_own_files(folder, name, target, what
     torch.save(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).state_dict(), folder / "start.pt")  # fmt: skip
     config = configured(folder, "checkpoint: start.pt\nloss: faults:xy_loss")  # by module
     (folder / "link.json").symlink_to(config)
+    (folder / "ckpt-link").symlink_to(folder / "start.pt")
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     result = diagnose(str(config), "--json", target)
     assert result.exit_code == 2, result.output
     assert f"is the run's {what}; refusing to overwrite it" in result.output
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+
+
+def test_a_report_through_a_symlink_replaces_the_file_it_points_to(folder):
+    (folder / "reports").mkdir()
+    (folder / "reports" / "run1.json").write_text("old")
+    (folder / "latest.json").symlink_to(folder / "reports" / "run1.json")
+    assert diagnose(str(configured(folder)), "--json", "latest.json").exit_code == 0
+    assert (folder / "latest.json").is_symlink()
+    assert json.loads((folder / "reports" / "run1.json").read_text())["status"] == "healthy"
 
 
 def test_a_relative_report_path_is_where_the_command_started(folder):

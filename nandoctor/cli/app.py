@@ -115,10 +115,10 @@ def _os_exit_raises() -> Iterator[None]:
     DataLoader's workers, forked from here) and threads still exit for real."""
     real, pid, main = os._exit, os.getpid(), threading.main_thread()
 
-    def exit_(code: int) -> NoReturn:
+    def exit_(status: int) -> NoReturn:
         if os.getpid() == pid and threading.current_thread() is main:
-            raise ProcessExit(code)
-        real(code)
+            raise ProcessExit(status)
+        real(status)
 
     os._exit = exit_
     try:

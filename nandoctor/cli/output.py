@@ -116,6 +116,8 @@ def _write_stdout(data: bytes) -> None:
 
 
 def _write_file(target: Path, data: bytes) -> None:
+    if target.is_symlink():  # the file it points to is the report; the link stays
+        target = target.resolve()
     if target.exists() and not target.is_file():  # /dev/stdout, a FIFO: write through
         with open(target, "wb") as f:
             f.write(data)

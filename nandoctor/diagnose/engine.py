@@ -29,7 +29,7 @@ from nandoctor.diagnose.summary import (
     VERIFY_INTERRUPTED,
     run_notes,
 )
-from nandoctor.errors import UsageError
+from nandoctor.errors import UsageError, forget_torch_globals
 from nandoctor.gate.baseline import Baseline
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
@@ -70,6 +70,7 @@ def diagnose(
 ) -> Report:
     """Run, replay, explain; the report of all of it (an interrupt leaves a partial one)."""
     options = options or DiagnoseOptions()
+    forget_torch_globals()  # what an earlier run's code set is not this run's
     session = build_session(loaded)
     if session.ranks is not None and options.time_budget:
         raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")

@@ -50,10 +50,10 @@ def _write_before_os_exit(at_exit: Callable[[], None]) -> None:
     (`at_exit` does nothing in another process, a forked worker)."""
     real = os._exit
 
-    def exit_(code: int) -> NoReturn:
+    def exit_(status: int) -> NoReturn:
         with contextlib.suppress(Exception):
             at_exit()
-        real(code)
+        real(status)
 
     os._exit = exit_
 
