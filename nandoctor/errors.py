@@ -127,6 +127,8 @@ def user_code(where: str) -> Iterator[None]:
 def _raise_user_error(where: str, e: Exception) -> None:
     if _peer_failed(e):
         raise peer_failure(e, where) from e
+    if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
+        raise UserCodeOutOfMemory(where, e) from e
     raise UserCodeError(where, e) from e
 
 
@@ -188,6 +190,20 @@ def changed_torch_globals() -> dict[str, Any]:
 def forget_torch_globals() -> None:
     """A new run starts from the process's own settings (tests run many in one process)."""
     _user_globals.clear()
+
+
+class UserCodeOutOfMemory(UserCodeError):
+    """The machine ran out of memory inside the user's code: the environment's limit, not
+    a bug in that code (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, where: str, error: BaseException) -> None:
+        super().__init__(where, error)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "MemoryError"
+        self.message = f"{where} ran out of memory: {first}"
+        self.hint = "try a smaller batch or model, fewer --steps, or another --device"
+        self.args = (self.message,)
 
 
 class ProcessExit(SystemExit):

@@ -273,6 +273,9 @@ def _replay(plan: Plan, case: Case, deadline: float) -> Verdict:
     except NandoctorError as e:
         why = f"not verified {plan.describe}: the replay failed: {e.message}"
         return Verdict(Replay.NOT_REPLAYED, why)
+    except (MemoryError, torch.OutOfMemoryError):  # the report is still written
+        why = f"not verified {plan.describe}: the replay ran out of memory"
+        return Verdict(Replay.NOT_REPLAYED, why)
     return _judge(plan, patch, result, case, target, steps)
 
 
