@@ -454,3 +454,46 @@ def test_watch_reports_a_script_that_ends_with_os_exit_and_keeps_stdout_json(fol
     report = json.loads(proc.stdout)  # the script's prints went to stderr
     assert report["status"] == "healthy" and report["steps_completed"] == 3
     assert "step 2" in proc.stderr
+
+
+POOL_SCRIPT = """
+import multiprocessing as mp
+import torch
+from torch import nn
+
+
+def train(rank):
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        x = torch.randn(8, 4)
+        if step == 2:
+            x[0, 0] = float("nan")
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return rank
+
+
+if __name__ == "__main__":
+    with mp.get_context("spawn").Pool(2) as pool:  # a pool waits forever for a dead worker
+        print(pool.map(train, range(2)))
+"""
+
+
+@pytest.mark.slow
+def test_watch_returns_when_the_sentinel_stopped_a_pool_worker(folder):
+    (folder / "pool.py").write_text(POOL_SCRIPT)
+    command = [sys.executable, "-m", "nandoctor", "watch", "-q", "--no-replay"]
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [*command, "--", sys.executable, "pool.py"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=folder,
+    )
+    assert proc.returncode == 1, proc.stderr  # the NaN, found in a worker
+    assert "step 2, phase input" in proc.stdout + proc.stderr
+    assert time.perf_counter() - started < 200

@@ -190,4 +190,6 @@ class Watched:
 
     def _stop(self) -> None:
         self.written = True
+        with contextlib.suppress(OSError):
+            protocol.stopped_marker(self.settings.dir, self.pid).touch()
         raise SystemExit(1)

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from nandoctor.watch.protocol import ENV, Settings
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 DEFAULT_REPLAY_BUDGET = 600.0  # seconds to the failure, beyond which no rerun is made
 GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
+POLL_S = 0.5  # how often a running command's folder is looked at
 
 
 @dataclass(frozen=True)
@@ -97,12 +99,30 @@ def run_command(
     finally:
         if out is not None:
             out.close()
-    return _wait(proc, timeout)
+    return _wait(proc, timeout, settings.dir)
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
+def _wait(proc: subprocess.Popen, timeout: float | None, folder: str) -> int:
+    """The command's exit code. A process of the command that the sentinel stopped (a
+    worker of a `multiprocessing.Pool`, whose pool would wait for it forever) gives the
+    command `GRACE_S` to end by itself; then it is stopped."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    stopped_since: float | None = None
     try:
-        code = proc.wait(timeout)
+        while True:
+            try:
+                code = proc.wait(POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    raise
+                if stopped_since is None and any(Path(folder).glob("stopped-*")):
+                    stopped_since = now
+                if stopped_since is not None and now - stopped_since > GRACE_S:
+                    _stop(proc)
+                    code = proc.wait()
+                    break
     except (KeyboardInterrupt, subprocess.TimeoutExpired):  # Ctrl-C, SIGTERM or too long
         _stop(proc)
         return INTERRUPTED_CODE
