@@ -497,3 +497,44 @@ def test_watch_returns_when_the_sentinel_stopped_a_pool_worker(folder):
     assert proc.returncode == 1, proc.stderr  # the NaN, found in a worker
     assert "step 2, phase input" in proc.stdout + proc.stderr
     assert time.perf_counter() - started < 200
+
+
+RANKS_PY = """
+import os
+import signal
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def build_data(rank, world_size, kill_rank=None):
+    g = torch.Generator().manual_seed(100 + rank)
+
+    def batches():
+        for i in range(8):
+            if rank == kill_rank and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer, a `kill -9`
+            yield torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+    return batches()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_job_with_exit_3_naming_it(tmp_path):
+    (tmp_path / "ranks.py").write_text(RANKS_PY)
+    (tmp_path / "config.yaml").write_text(
+        "model: ranks.py:build_model\ndata: ranks.py:build_data\ndata_args: {kill_rank: 1}\n"
+        "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 6\ndevice: cpu\n"
+        "distributed: {timeout_s: 30}\n"
+    )
+    command = [sys.executable, "-m", "nandoctor", "diagnose", str(tmp_path / "config.yaml")]
+    proc = subprocess.run(
+        [*command, "--nproc-per-node", "2", "-q"], capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "rank 1 died: killed by SIGKILL" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr
