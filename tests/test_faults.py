@@ -264,6 +264,12 @@ def test_a_report_through_a_symlink_replaces_the_file_it_points_to(folder):
     assert json.loads((folder / "reports" / "run1.json").read_text())["status"] == "healthy"
 
 
+def test_two_reports_on_one_file_are_refused_before_the_run(folder):
+    result = diagnose(str(configured(folder)), "--json", "r.json", "--markdown", "./r.json")
+    assert result.exit_code == 2 and "--json and --markdown name the same file" in result.output
+    assert not (folder / "r.json").exists()
+
+
 def test_a_relative_report_path_is_where_the_command_started(folder):
     config = configured(folder, "loss: faults.py:changes_directory")
     result = diagnose(str(config), "--json", "report.json")

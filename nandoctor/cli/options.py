@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -41,10 +42,14 @@ def check_outputs(outputs: dict[str, str | None]) -> dict[str, str | None]:
     path is made absolute in place (and returned): the user's code may `chdir`."""
     if sum(p == "-" for p in outputs.values()) > 1:
         raise UsageError("only one report can be written to stdout ('-')")
+    seen: dict[str, str] = {}
     for option, path in outputs.items():
         if path:
             check_writable(path, option)
             outputs[option] = resolved(path)
+            if path != "-" and (same := seen.get(os.path.realpath(path))):
+                raise UsageError(f"{same} and {option} name the same file: {path}")
+            seen[os.path.realpath(path)] = option
     return outputs
 
 
