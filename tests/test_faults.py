@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from nandoctor.cli import app
 from nandoctor.cli import output as output_module
-from nandoctor.cli.outcome import exit_code, of_baseline, of_comparison
+from nandoctor.cli.outcome import exit_code, of_baseline, of_comparison, of_report
 from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparison
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.snapshot import StateSnapshot
@@ -178,8 +178,8 @@ def no_traceback_of_ours(result) -> None:
 
 # (name, config lines, exit code, fragment of the output, report status or None)
 RUNS = [
-    ("sys.exit in the loss", "loss: faults.py:calls_sys_exit", 3, "loss (step 0) called sys.exit(4): your code ended the run", None),
-    ("os._exit in the loss", "loss: faults.py:calls_os_exit", 3, "loss (step 0) called os._exit(5)", None),
+    ("sys.exit in the loss", "loss: faults.py:calls_sys_exit", 3, "loss (step 0) called sys.exit(4): your code ended the run", "error"),
+    ("os._exit in the loss", "loss: faults.py:calls_os_exit", 3, "loss (step 0) called os._exit(5)", "error"),
     ("SystemExit in the model builder", "model: faults.py:exits_while_building", 3, "called sys.exit(0)", None),
     ("Ctrl-C in the loss", "loss: faults.py:presses_ctrl_c", 130, "INTERRUPTED", "interrupted"),
     ("out of memory in the loss", "loss: faults.py:needs_more_memory", 2, "loss (step 0) ran out of memory: CUDA out of memory", None),
@@ -399,6 +399,10 @@ def test_out_of_memory_in_snapshots_still_writes_the_report(folder, monkeypatch,
 
 
 ENV = Environment("cpu", "2.x", "float32", False, 1)
+
+
+def test_a_run_the_users_code_ended_is_3_whatever_it_found_so_far():
+    assert exit_code(of_report(Report("diagnose", "c.yaml", ENV, "error", 3))) == 3
 
 
 def test_interrupted_baseline_and_compare_are_130_not_1():

@@ -9,6 +9,7 @@ either to SPEC.md's codes. No other module makes an exit code.
 |----------------------------------------------------------|-------------------------|
 | a usage or config error (`UsageError`, `ConfigError`)    | 2                       |
 | the user's code raised (`UserCodeError`), a rank died    | 3                       |
+| `diagnose`: the user's code ended the run (status error) | 3                       |
 | interrupted: Ctrl-C, SIGTERM, or a report "interrupted"  | 130                     |
 | anything else nandoctor did not foresee (a full disk...) | 2 (never 1)             |
 | found: non-finite values, a failed gate, lint findings   | 1                       |
@@ -64,6 +65,8 @@ def of_report(report: Report) -> Outcome:
     an interrupted one (also during the replay or the fix replays) says so."""
     failed_gate = report.gate is not None and not report.gate.passed
     interrupted = report.status == "interrupted"
+    if report.status == "error":  # the user's code ended the run (sys.exit): not a NaN
+        return Outcome(passthrough=int(ExitCode.USER_CODE), interrupted=interrupted)
     return Outcome(found=not report.healthy or failed_gate, interrupted=interrupted)
 
 

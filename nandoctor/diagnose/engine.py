@@ -87,6 +87,7 @@ def diagnose(
         store=store,
         probe=Probes(lrs, *([headroom] if headroom is not None else [])),
         deadline=deadline,
+        user_exit_ends_run=True,
     )
     findings = Findings(
         "diagnose",
@@ -96,6 +97,8 @@ def diagnose(
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),
     )
+    if result.ended_by is not None:
+        findings.later_notes.append(result.ended_by)
     failure = result.failure
     if failure is not None and failure.step is not None:
         try:

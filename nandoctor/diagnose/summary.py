@@ -31,6 +31,8 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     if result.status == "timeout":
         ran = plural(result.steps_run, "step")
         return f"the time budget stopped the run after {ran}, all finite"
+    if result.ended_by is not None:  # sys.exit() in the user's code, before any NaN
+        return f"{result.ended_by}, after {plural(result.steps_run, 'finite step')}"
     if result.failure is None:
         if result.steps_run == 1:
             return "the run's one step stayed finite"

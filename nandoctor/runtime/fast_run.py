@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 
+from nandoctor.errors import UserExit
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
@@ -31,6 +32,7 @@ def fast_run(
     deadline: float | None = None,
     skip_nonfinite_batches: bool = False,
     thorough: bool = False,
+    user_exit_ends_run: bool = False,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
@@ -40,6 +42,8 @@ def fast_run(
     are unchecked: only a streak that collapses the scale fails.
     Past `deadline` (a `time.perf_counter()` value) the run stops with status "timeout".
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
+    With `user_exit_ends_run`, `sys.exit()` or `os._exit()` in the user's code ends the run
+    with status "error" (`ended_by` says where), judged on the steps done, not raised.
     """
     result = RunResult("healthy", session.start_step, 0)
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
@@ -63,6 +67,10 @@ def fast_run(
                 recorder.record(sentinel.collect(final=True))
     except KeyboardInterrupt:
         result.status = "interrupted"
+    except UserExit as e:
+        if not user_exit_ends_run:
+            raise
+        result.status, result.ended_by = "error", e.message
     recorder.stop()
     return result
 
