@@ -403,6 +403,7 @@ ENV = Environment("cpu", "2.x", "float32", False, 1)
 
 def test_a_run_the_users_code_ended_is_3_whatever_it_found_so_far():
     assert exit_code(of_report(Report("diagnose", "c.yaml", ENV, "error", 3))) == 3
+    assert exit_code(of_baseline(Report("baseline", "c.yaml", ENV, "error", 3))) == 3
 
 
 def test_interrupted_baseline_and_compare_are_130_not_1():

@@ -45,7 +45,7 @@ def baseline(
     report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
     render_report(console, report, quiet=quiet)
     outcome = of_baseline(report)
-    if outcome.found:
+    if outcome.found or outcome.passthrough is not None:
         why = "was interrupted" if outcome.interrupted else "was not healthy"
         console.print(f"[red]no baseline written: the run {why}[/]")
         return outcome

@@ -78,7 +78,9 @@ def of_watch(report: Report, command_code: int) -> Outcome:
 
 def of_baseline(report: Report) -> Outcome:
     """`baseline`: only a healthy run is recorded; any other exits 1, an interrupted
-    one 130 (SPEC: "130 interrupted", for every command)."""
+    one 130 (SPEC: "130 interrupted", for every command), one the user's code ended 3."""
+    if report.status == "error":
+        return Outcome(passthrough=int(ExitCode.USER_CODE))
     return Outcome(found=not report.healthy, interrupted=report.status == "interrupted")
 
 
