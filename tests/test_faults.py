@@ -57,6 +57,10 @@ def presses_ctrl_c(model, batch):
     raise KeyboardInterrupt
 
 
+def ctrl_c_while_building():
+    raise KeyboardInterrupt
+
+
 def exits_while_building():
     raise SystemExit(0)
 
@@ -182,6 +186,7 @@ RUNS = [
     ("os._exit in the loss", "loss: faults.py:calls_os_exit", 3, "loss (step 0) called os._exit(5)", "error"),
     ("SystemExit in the model builder", "model: faults.py:exits_while_building", 3, "called sys.exit(0)", None),
     ("Ctrl-C in the loss", "loss: faults.py:presses_ctrl_c", 130, "INTERRUPTED", "interrupted"),
+    ("Ctrl-C while building the model", "model: faults.py:ctrl_c_while_building", 130, "interrupted", "interrupted"),
     ("out of memory in the loss", "loss: faults.py:needs_more_memory", 2, "loss (step 0) ran out of memory: CUDA out of memory", None),
     ("float64 weights and batches", "model: faults.py:model64\ndata: faults.py:data64\nloss: faults.py:xy_loss", 0, "HEALTHY", "healthy"),
     ("float64 batch holding NaN", "model: faults.py:model64\ndata: faults.py:data64\ndata_args: {nan: true}\nloss: faults.py:xy_loss", 1, "input:0 held 1 NaN", "nonfinite"),

@@ -89,7 +89,11 @@ def diagnose(
         time_budget=time_budget,
     )
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
-    report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
+    try:
+        report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
+    except KeyboardInterrupt:  # still building the run: the report says nothing ran
+        write_reports(engine.interrupted_before_the_run(loaded), outputs)
+        raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
     render_report(console, report, quiet=quiet)

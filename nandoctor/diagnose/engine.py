@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed
 
 from nandoctor.causes.ranking import rank
@@ -35,7 +36,7 @@ from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
-from nandoctor.report.types import Report
+from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.fast_run import StepCallback, fast_run
 from nandoctor.runtime.headroom import HeadroomProbe
 from nandoctor.runtime.probe import Probes
@@ -116,6 +117,21 @@ def diagnose(
     if session.ranks is not None:
         _leave(session, interrupted=result.status == "interrupted")
     return assemble(findings)
+
+
+def interrupted_before_the_run(loaded: LoadedConfig) -> Report:
+    """The report of a run stopped (Ctrl-C, SIGTERM) while it was being built: no step
+    ran, and the environment is the config's (no session was made)."""
+    config = loaded.config
+    env = Environment(
+        config.device,
+        torch.__version__,
+        config.precision.dtype,
+        config.precision.use_grad_scaler,
+        torch.get_num_threads(),
+    )
+    summary = "interrupted while building the run, before its first step"
+    return Report("diagnose", str(loaded.path), env, "interrupted", 0, summary, name=config.name)
 
 
 def _leave(session: Session, interrupted: bool) -> None:
