@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
+import click
 import torch.distributed
 import typer
 from rich.console import Console
@@ -78,6 +79,8 @@ def handles_errors(command: F) -> F:
                 raise
             print_peer_error(e)
             outcome = Outcome(error=e)
+        except (typer.Exit, click.ClickException):  # click's own ending: its code stands
+            raise
         except (Exception, SystemExit) as e:  # NB: never exit 1 ("non-finite") for these
             if kwargs.get("debug"):
                 raise
@@ -155,7 +158,7 @@ def unexpected_error(error: BaseException) -> NandoctorError:
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         return UsageError(
             f"out of memory: {first_line(error)}",
-            hint="try fewer --steps, a smaller batch, or snapshot: {steps: N} with a larger N",
+            hint="try fewer --steps, a smaller batch, or snapshot: {every: N} with a larger N",
         )
     if not isinstance(error, RecursionError) and _raised_in_user_code(error):
         return UserCodeError("your code", error)
