@@ -153,6 +153,8 @@ def unexpected_error(error: BaseException) -> NandoctorError:
         return UserExit("your code", error)
     if peer_failed(error):  # a rank's collective outside the user's code (the last barrier)
         return peer_failure(error, "the job's end")
+    if isinstance(error, BrokenPipeError):  # `| head` closed stdout: nothing more to say there
+        _stdout_to_devnull()
     if isinstance(error, OSError):
         return environment_error(error)
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
@@ -166,6 +168,13 @@ def unexpected_error(error: BaseException) -> NandoctorError:
         f"internal error: {type(error).__name__}: {first_line(error)}",
         hint="this is a bug in nandoctor: please report it with the output of --debug",
     )
+
+
+def _stdout_to_devnull() -> None:
+    """Python flushes stdout once more at exit; a closed pipe would print a traceback."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def environment_error(error: OSError) -> UsageError:
