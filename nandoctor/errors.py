@@ -10,11 +10,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass  # NB: only where a run needs it: `lint` and `--help` load this module
 
 
 class ExitCode(IntEnum):
@@ -103,23 +108,150 @@ def is_user_file(filename: str) -> bool:
 
 @contextlib.contextmanager
 def user_code(where: str) -> Iterator[None]:
-    """Run a call into the user's code; whatever it raises becomes a `UserCodeError`."""
+    """Run a call into the user's code; whatever it raises becomes a `UserCodeError`.
+
+    `sys.exit()` (and `os._exit`, see `ProcessExit`) there is the user's code ending the
+    run: a `UserExit` (exit 3). A `KeyboardInterrupt` stays one: the run is interrupted.
+    The global torch settings the user's code changes stay the user's: they are put back
+    for nandoctor's own work after the call, and again for the user's next call
+    (`torch_globals`)."""
+    with torch_globals():
+        try:
+            yield
+        except NandoctorError:
+            raise
+        except SystemExit as e:
+            raise UserExit(where, e) from e
+        except Exception as e:
+            _raise_user_error(where, e)
+
+
+def _raise_user_error(where: str, e: Exception) -> None:
+    if _peer_failed(e):
+        raise peer_failure(e, where) from e
+    if out_of_memory(e):
+        raise UserCodeOutOfMemory(where, e) from e
+    raise UserCodeError(where, e) from e
+
+
+def peer_failure(error: BaseException, where: str) -> PeerFailure:
+    """The one line a rank prints when a collective failed because of another rank."""
+    rank = os.environ.get("RANK", "?")
+    if "Timed out" in str(error) or "timed out" in str(error):
+        return PeerFailure(
+            f"rank {rank}: another rank hung: no answer within distributed.timeout_s "
+            f"during {where}",
+            hint="a rank stuck in its data or its model; raise distributed.timeout_s if slow",
+        )
+    return PeerFailure(
+        f"rank {rank}: another rank failed or hung during {where}",
+        hint="that rank's own error is printed above",
+    )
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """A `MemoryError`, or torch's out-of-memory error (`torch.OutOfMemoryError`, named
+    `torch.cuda.OutOfMemoryError` before torch 2.5). NB: torch is looked up, not
+    imported: no torch, no torch error."""
+    if isinstance(error, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(
+        getattr(torch, "cuda", None), "OutOfMemoryError", None
+    )
+    return oom is not None and isinstance(error, oom)
+
+
+def peer_failed(error: BaseException) -> bool:
+    """In a rank of a data-parallel job: the error says another rank is gone or silent."""
+    return _peer_failed(error)
+
+
+# The global torch settings a user's code may change for its own purposes, and how to
+# read and set each: nandoctor's own work (snapshots, checks, the tracer) runs with the
+# values it started with, the user's calls with the values the user's code last left.
+@functools.cache
+def _globals() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
+    import torch
+
+    return {
+        "default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+        "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+        "threads": (torch.get_num_threads, torch.set_num_threads),
+    }
+
+
+_user_globals: dict[str, Any] = {}  # what the user's code set, by name
+
+
+@contextlib.contextmanager
+def torch_globals() -> Iterator[None]:
+    """Around one call into the user's code: apply what the user's code set before,
+    remember what it sets now, and put nandoctor's own values back afterwards."""
+    settings = _globals()
+    ours = {name: get() for name, (get, _) in settings.items()}
+    for name, value in _user_globals.items():
+        settings[name][1](value)
+    before = {name: get() for name, (get, _) in settings.items()}
     try:
         yield
-    except NandoctorError:
-        raise
-    except Exception as e:
-        if _peer_failed(e):
-            rank = os.environ.get("RANK", "?")
-            raise PeerFailure(
-                f"rank {rank}: another rank failed or hung during {where}",
-                hint="that rank's own error is printed above",
-            ) from e
-        raise UserCodeError(where, e) from e
+    finally:
+        for name, (get, set_) in settings.items():
+            now = get()
+            if now != before[name]:
+                _user_globals[name] = now
+            if now != ours[name]:
+                set_(ours[name])
+
+
+def changed_torch_globals() -> dict[str, Any]:
+    """The global torch settings the user's code changed (for the report's notes)."""
+    return dict(_user_globals)
+
+
+def forget_torch_globals() -> None:
+    """A new run starts from the process's own settings (tests run many in one process)."""
+    _user_globals.clear()
+
+
+class UserCodeOutOfMemory(UserCodeError):
+    """The machine ran out of memory inside the user's code: the environment's limit, not
+    a bug in that code (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, where: str, error: BaseException) -> None:
+        super().__init__(where, error)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "MemoryError"
+        self.message = f"{where} ran out of memory: {first}"
+        self.hint = "try a smaller batch or model, fewer --steps, or another --device"
+        self.args = (self.message,)
+
+
+class ProcessExit(SystemExit):
+    """`os._exit(code)` called by the user's code while nandoctor runs it in-process
+    (`cli.app` turns `os._exit` into this for the command's own process and thread)."""
+
+
+class UserExit(UserCodeError):
+    """The user's code called `sys.exit()`, `os._exit` or raised `SystemExit` (exit 3):
+    the run ended there, not by a NaN."""
+
+    def __init__(self, where: str, error: SystemExit) -> None:
+        call = "os._exit" if isinstance(error, ProcessExit) else "sys.exit"
+        super().__init__(where, error)
+        self.message = f"{where} called {call}({error.code!r}): your code ended the run there"
+        self.args = (self.message,)
 
 
 class PeerFailure(NandoctorError):
     """In a data-parallel run, a collective failed because another rank died (exit 3)."""
+
+    exit_code = ExitCode.USER_CODE
+
+
+class RankDied(NandoctorError):
+    """A rank of a data-parallel job was killed (a signal, the OOM killer) (exit 3)."""
 
     exit_code = ExitCode.USER_CODE
 
@@ -130,5 +262,16 @@ def _peer_failed(error: BaseException) -> bool:
     name = type(error).__name__
     text = str(error)
     return name in ("DistError", "DistBackendError", "DistNetworkError") or any(
-        s in text for s in ("Connection closed by peer", "remote worker crashing", "Timed out")
+        s in text for s in _PEER_GONE
     )
+
+
+# What gloo and NCCL say when the other end of a collective is gone or silent.
+_PEER_GONE = (
+    "Connection closed by peer",
+    "remote worker crashing",
+    "Timed out",
+    "Read error",
+    "Connection reset by peer",
+    "Broken pipe",
+)

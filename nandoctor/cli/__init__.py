@@ -8,11 +8,15 @@ from nandoctor.cli import (  # noqa: F401  (each module adds its command)
     schema,
     watch,
 )
-from nandoctor.cli.app import app
+from nandoctor.cli.app import app, end_past_user_threads
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        end_past_user_threads(e.code)
+        raise
 
 
 __all__ = ["app", "main"]

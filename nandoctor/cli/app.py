@@ -8,20 +8,35 @@ a `UserCodeError` adds the user's frames; `--debug` re-raises to show everything
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from nandoctor.cli.outcome import Outcome, exit_code
-from nandoctor.errors import NandoctorError, UserCodeError
+from nandoctor.cli.output import report_stream
+from nandoctor.errors import (
+    NandoctorError,
+    ProcessExit,
+    UsageError,
+    UserCodeError,
+    UserExit,
+    forget_torch_globals,
+    is_user_file,
+    out_of_memory,
+    peer_failed,
+    peer_failure,
+)
 from nandoctor.version import __version__
 
 app = typer.Typer(
@@ -47,8 +62,9 @@ def handles_errors(command: F) -> F:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        forget_torch_globals()
         try:
-            with _sigterm_as_interrupt():
+            with _sigterm_as_interrupt(), _os_exit_raises(), _user_prints_off_stdout(kwargs):
                 outcome = command(*args, **kwargs)
         except NandoctorError as e:
             if kwargs.get("debug"):
@@ -58,11 +74,18 @@ def handles_errors(command: F) -> F:
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
             outcome = Outcome(interrupted=True)
-        except Exception as e:
-            if not _peer_failure(e) or kwargs.get("debug"):
+        except (typer.Exit, click.ClickException):  # click's own ending: its code stands
+            raise
+        except (Exception, SystemExit) as e:  # NB: never exit 1 ("non-finite") for these
+            if kwargs.get("debug"):
                 raise
-            print_peer_error(e)
-            outcome = Outcome(error=e)
+            if _peer_failure(e):  # a peer rank died or hung
+                print_peer_error(e)
+                outcome = Outcome(error=e)
+            else:
+                error = unexpected_error(e)
+                print_error(error)
+                outcome = Outcome(error=error)
         raise typer.Exit(exit_code(outcome or Outcome()))
 
     return wrapper  # type: ignore[return-value]
@@ -91,6 +114,110 @@ def _sigterm_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _os_exit_raises() -> Iterator[None]:
+    """`os._exit(n)` called by the user's code in this process and thread (a model, a
+    loss, a data builder) raises `ProcessExit` instead, so the run ends with its exit code
+    and message (3) rather than vanishing with whatever code it chose. Other processes (a
+    DataLoader's workers, forked from here) and threads still exit for real."""
+    real, pid, main = os._exit, os.getpid(), threading.main_thread()
+
+    def exit_(status: int) -> NoReturn:
+        if os.getpid() == pid and threading.current_thread() is main:
+            raise ProcessExit(status)
+        real(status)
+
+    os._exit = exit_
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+REPORT_OPTIONS = ("json_path", "markdown_path", "junit_path", "sarif_path", "plot_path", "out")
+
+
+@contextlib.contextmanager
+def _user_prints_off_stdout(kwargs: dict[str, Any]) -> Iterator[None]:
+    """With a report on stdout (`--json -`), everything else printed in this process (the
+    user's own prints too) goes to stderr, so that stdout stays one parseable report."""
+    if not any(kwargs.get(name) == "-" for name in REPORT_OPTIONS):
+        yield
+        return
+    with report_stream(sys.stdout), contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def unexpected_error(error: BaseException) -> NandoctorError:
+    """An exception no module turned into a message: the environment's (a full disk, a
+    missing permission, out of memory; exit 2), the user's code's (raised from a user
+    frame, or a `SystemExit` outside our wrappers; exit 3), or nandoctor's own bug (exit
+    2, "internal error"). Never exit 1: that would tell CI a NaN was found."""
+    if isinstance(error, SystemExit):
+        return UserExit("your code", error)
+    if peer_failed(error):  # a rank's collective outside the user's code (the last barrier)
+        return peer_failure(error, "the job's end")
+    if isinstance(error, BrokenPipeError):  # `| head` closed stdout: nothing more to say there
+        _stdout_to_devnull()
+    if isinstance(error, OSError):
+        return environment_error(error)
+    if out_of_memory(error):
+        return UsageError(
+            f"out of memory: {first_line(error)}",
+            hint="try fewer --steps, a smaller batch, or snapshot: {every: N} with a larger N",
+        )
+    if not isinstance(error, RecursionError) and _raised_in_user_code(error):
+        return UserCodeError("your code", error)
+    return UsageError(
+        f"internal error: {type(error).__name__}: {first_line(error)}",
+        hint="this is a bug in nandoctor: please report it with the output of --debug",
+    )
+
+
+def _stdout_to_devnull() -> None:
+    """Python flushes stdout once more at exit; a closed pipe would print a traceback."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def environment_error(error: OSError) -> UsageError:
+    """A file-system or OS failure as one line naming the file (exit 2)."""
+    where = f": {error.filename}" if error.filename else ""
+    reason = error.strerror or first_line(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return UsageError(f"no space left on the device{where}", hint="free some disk space")
+    return UsageError(f"{reason}{where}", hint="--debug shows where it happened")
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _raised_in_user_code(error: BaseException) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and is_user_file(frames[-1].filename)
+
+
+def end_past_user_threads(code: object) -> None:
+    """Exit now, with `code`, when threads the user's code started (not daemons) are
+    still running: Python would wait for them forever after our report was written.
+    Output is flushed first; nothing of nandoctor's is left to do."""
+    main = threading.main_thread()
+    alive = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    if not alive:
+        return
+    names = ", ".join(t.name for t in alive[:3])
+    stderr_console().print(
+        f"[dim]nandoctor: ending {len(alive)} thread(s) your code left running ({names})[/]"
+    )
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def print_peer_error(error: BaseException) -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -11,8 +10,8 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.cli.diagnose import run_with_progress
-from nandoctor.cli.outcome import Outcome, of_baseline, of_ranks
+from nandoctor.cli.diagnose import launch_ranks, run_with_progress
+from nandoctor.cli.outcome import Outcome, of_baseline
 from nandoctor.cli.output import write_text
 
 
@@ -37,11 +36,13 @@ def baseline(
     from nandoctor.setup import distributed
     from nandoctor.setup.load import load_config
 
-    options.check_outputs({"--out": out})
+    outputs = options.check_outputs({"--out": out})
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    options.protect_inputs(outputs, loaded)
+    out = outputs["--out"] or out
     nproc = loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
-        return of_ranks(distributed.launch(sys.argv[1:], nproc))
+        return launch_ranks(nproc)
     quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     # NB: a baseline records the run's health; it does not judge it (no gate)
     settings = engine.DiagnoseOptions(
@@ -53,8 +54,9 @@ def baseline(
         return Outcome()
     render_report(console, report, quiet=quiet)
     outcome = of_baseline(report)
-    if outcome.found:
-        console.print("[red]no baseline written: the run was not healthy[/]")
+    if outcome.found or outcome.passthrough is not None:
+        why = "was interrupted" if outcome.interrupted else "was not healthy"
+        console.print(f"[red]no baseline written: the run {why}[/]")
         return outcome
     write_text(
         out, baseline_of(report, loaded.config.seed, report.steps_completed).to_json(), "--out"

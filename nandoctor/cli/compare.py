@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +10,8 @@ from rich.console import Console
 
 from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors
-from nandoctor.cli.outcome import Outcome, of_comparison, of_ranks
+from nandoctor.cli.diagnose import launch_ranks
+from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
 
 if TYPE_CHECKING:
@@ -56,9 +56,10 @@ def compare(
     if plot_path:
         require_matplotlib()
     loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    options.protect_inputs(outputs, loaded)
     nproc = loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
-        return of_ranks(distributed.launch(sys.argv[1:], nproc))
+        return launch_ranks(nproc)
     quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
 

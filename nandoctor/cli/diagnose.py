@@ -3,6 +3,7 @@ with `--baseline`, gate the run's numeric health against a recorded healthy run.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +13,11 @@ import typer
 from rich.console import Console
 
 from nandoctor.cli import options
-from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.app import app, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
+from nandoctor.errors import RankDied
 from nandoctor.gate.check import Tolerances
 
 if TYPE_CHECKING:
@@ -70,9 +72,10 @@ def diagnose(
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    options.protect_inputs(outputs, loaded, baseline=baseline)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():
-        return of_ranks(distributed.launch(sys.argv[1:], nproc))
+        return launch_ranks(nproc)
     if distributed.current_rank() != 0:  # rank 0 speaks for the job
         quiet, outputs = True, {}
     tolerances = Tolerances(
@@ -92,12 +95,42 @@ def diagnose(
         time_budget=time_budget,
     )
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
-    report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
+    try:
+        report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
+    except KeyboardInterrupt:  # still building the run: the report says nothing ran
+        write_reports(engine.interrupted_before_the_run(loaded), outputs)
+        raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
     render_report(console, report, quiet=quiet)
     write_reports(report, outputs)
     return of_report(report)
+
+
+def launch_ranks(nproc: int) -> Outcome:
+    """Run the job on `nproc` ranks; a rank killed by a signal is named (exit 3), and a
+    Ctrl-C or SIGTERM of the launcher is an interrupt (130; rank 0 writes its report)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from nandoctor.setup import distributed
+
+    try:
+        codes = distributed.launch(sys.argv[1:], nproc)
+    except SignalException:
+        stderr_console().print("interrupted", style="yellow")
+        return Outcome(interrupted=True)
+    killed = {r: -c for r, c in codes.items() if c < 0 and c != -signal.SIGTERM}
+    if killed:
+        rank, signum = min(killed.items())
+        raise RankDied(f"rank {rank} died: killed by {_signal_name(signum)}")
+    return of_ranks(codes)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def run_with_progress(

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
 
-from nandoctor.cli.output import check_writable
+from nandoctor.cli.output import check_not_input, check_writable, resolved
 from nandoctor.errors import UsageError
 from nandoctor.setup.dtypes import canonical_dtype
+from nandoctor.setup.limits import MAX_STEPS
+
+if TYPE_CHECKING:
+    from nandoctor.setup.load import LoadedConfig
 
 
 def dtype_name(value: str | None) -> str | None:
@@ -34,23 +42,59 @@ def report_console_to_stderr(*paths: str | None) -> bool:
     return any(p == "-" for p in paths)
 
 
-def check_outputs(outputs: dict[str, str | None]) -> None:
-    """Before a long run: at most one report on stdout, and every folder writable."""
+def check_outputs(outputs: dict[str, str | None]) -> dict[str, str | None]:
+    """Before a long run: at most one report on stdout, and every folder writable. Each
+    path is made absolute in place (and returned): the user's code may `chdir`."""
     if sum(p == "-" for p in outputs.values()) > 1:
         raise UsageError("only one report can be written to stdout ('-')")
+    seen: dict[str, str] = {}
     for option, path in outputs.items():
         if path:
             check_writable(path, option)
+            outputs[option] = resolved(path)
+            if path != "-" and (same := seen.get(os.path.realpath(path))):
+                raise UsageError(f"{same} and {option} name the same file: {path}")
+            seen[os.path.realpath(path)] = option
+    return outputs
+
+
+def protect_inputs(
+    outputs: dict[str, str | None], loaded: LoadedConfig, **others: str | None
+) -> None:
+    """No report may overwrite the config, its checkpoint, a file entrypoint or another
+    file the command reads (`baseline=`) (exit 2)."""
+    inputs = run_inputs(loaded)
+    inputs.update({name: Path(path) for name, path in others.items() if path})
+    for option, path in outputs.items():
+        check_not_input(path, option, inputs)
+
+
+def run_inputs(loaded: LoadedConfig) -> dict[str, Path]:
+    """The run's own files, by what they are: the config, the checkpoint, the files its
+    entrypoints name (`train.py:build_model`)."""
+    config, base = loaded.config, loaded.base_dir
+    inputs = {"config": loaded.path}
+    if config.checkpoint:
+        inputs["checkpoint"] = base / config.checkpoint
+    for key in ("model", "data", "loss"):
+        entry = getattr(config, key, None)
+        if isinstance(entry, str) and ":" in entry and entry.split(":")[0].endswith(".py"):
+            inputs[f"{key} source {entry.split(':')[0]}"] = base / entry.split(":")[0]
+    return inputs
 
 
 Steps = typer.Option(
-    None, "--steps", min=1, help="Optimizer steps to replay (default: the config's)."
+    None,
+    "--steps",
+    min=1,
+    max=MAX_STEPS,
+    help="Optimizer steps to replay (default: the config's).",
 )
 Device = typer.Option(None, "--device", callback=device_name, help="auto | cpu | cuda | cuda:N")
 Dtype = typer.Option(
     None, "--dtype", callback=dtype_name, help="fp16 | bf16 | fp32 (or full names)"
 )
-Seed = typer.Option(None, "--seed", min=0, help="Seed for Python, numpy and torch.")
+Seed = typer.Option(None, "--seed", min=0, max=2**32 - 1, help="Seed for Python, numpy and torch.")
 Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout).")
 Markdown = typer.Option(None, "--markdown", help="Write a Markdown report here ('-' for stdout).")
 Junit = typer.Option(None, "--junit", help="Write a JUnit XML report here, for CI test reporters.")

@@ -9,7 +9,9 @@ either to SPEC.md's codes. No other module makes an exit code.
 |----------------------------------------------------------|-------------------------|
 | a usage or config error (`UsageError`, `ConfigError`)    | 2                       |
 | the user's code raised (`UserCodeError`), a rank died    | 3                       |
+| `diagnose`: the user's code ended the run (status error) | 3                       |
 | interrupted: Ctrl-C, SIGTERM, or a report "interrupted"  | 130                     |
+| anything else nandoctor did not foresee (a full disk...) | 2 (never 1)             |
 | found: non-finite values, a failed gate, lint findings   | 1                       |
 | `watch`, nothing found                                   | the command's own code  |
 | nothing found                                            | 0                       |
@@ -66,6 +68,8 @@ def of_report(report: Report) -> Outcome:
     an interrupted one (also during the replay or the fix replays) says so."""
     failed_gate = report.gate is not None and not report.gate.passed
     interrupted = report.status == "interrupted"
+    if report.status == "error":  # the user's code ended the run (sys.exit): not a NaN
+        return Outcome(passthrough=int(ExitCode.USER_CODE), interrupted=interrupted)
     return Outcome(found=not report.healthy or failed_gate, interrupted=interrupted)
 
 
@@ -76,9 +80,11 @@ def of_watch(report: Report, command_code: int) -> Outcome:
 
 
 def of_baseline(report: Report) -> Outcome:
-    """`baseline`: only a healthy run is recorded; any other (an interrupted one too, as
-    before this module existed) exits 1."""
-    return Outcome(found=not report.healthy)
+    """`baseline`: only a healthy run is recorded; any other exits 1, an interrupted
+    one 130 (SPEC: "130 interrupted", for every command), one the user's code ended 3."""
+    if report.status == "error":
+        return Outcome(passthrough=int(ExitCode.USER_CODE))
+    return Outcome(found=not report.healthy, interrupted=report.status == "interrupted")
 
 
 def of_ranks(codes: dict[int, int]) -> Outcome:
@@ -100,8 +106,10 @@ def _ranks_code(codes: dict[int, int]) -> int:
 
 
 def of_comparison(comparison: Comparison) -> Outcome:
-    """`compare`: 1 unless every dtype's run stayed healthy (an interrupted run too)."""
-    return Outcome(found=not comparison.healthy)
+    """`compare`: 1 unless every dtype's run stayed healthy; 130 when a run was
+    interrupted (its partial comparison is still written)."""
+    interrupted = any(r.status == "interrupted" for r in comparison.runs)
+    return Outcome(found=not comparison.healthy, interrupted=interrupted)
 
 
 __all__ = [

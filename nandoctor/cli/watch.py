@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
 
@@ -9,6 +11,7 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
 from nandoctor.cli.outcome import Outcome, of_watch
+from nandoctor.cli.output import check_not_input
 from nandoctor.errors import UsageError
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET
 
@@ -50,6 +53,9 @@ def watch(
         raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
     outputs = {"--json": json_path, "--markdown": markdown_path}
     options.check_outputs(outputs)
+    files = {f"command's file {a}": Path(a) for a in command if Path(a).is_file()}
+    for option, path in outputs.items():
+        check_not_input(path, option, files)
     # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
     console = Console(stderr=True, highlight=False)
 
@@ -60,7 +66,12 @@ def watch(
                 "up to it to replay it under the tracer[/]"
             )
 
-    opts = runner.WatchOptions(keep_going=keep_going, replay=replay, replay_budget=replay_budget)
+    opts = runner.WatchOptions(
+        keep_going=keep_going,
+        replay=replay,
+        replay_budget=replay_budget,
+        stdout_to_stderr=options.report_console_to_stderr(*outputs.values()),
+    )
     watched = runner.watch(list(command), opts, on_replay=on_replay)
     render_report(console, watched.report, quiet=quiet)
     write_reports(watched.report, outputs)

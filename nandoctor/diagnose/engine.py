@@ -10,9 +10,13 @@ progress, gets the report back, and decides the exit code from it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
+import torch.distributed
 
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose import verify as whatif
@@ -27,13 +31,13 @@ from nandoctor.diagnose.summary import (
     VERIFY_INTERRUPTED,
     run_notes,
 )
-from nandoctor.errors import UsageError
+from nandoctor.errors import UsageError, forget_torch_globals
 from nandoctor.gate.baseline import Baseline
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
-from nandoctor.report.types import Report
+from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.fast_run import StepCallback, fast_run
 from nandoctor.runtime.headroom import HeadroomProbe
 from nandoctor.runtime.probe import Probes
@@ -67,6 +71,7 @@ def diagnose(
 ) -> Report:
     """Run, replay, explain; the report of all of it (an interrupt leaves a partial one)."""
     options = options or DiagnoseOptions()
+    forget_torch_globals()  # what an earlier run's code set is not this run's
     session = build_session(loaded)
     if session.ranks is not None and options.time_budget:
         raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
@@ -83,6 +88,7 @@ def diagnose(
         store=store,
         probe=Probes(lrs, *([headroom] if headroom is not None else [])),
         deadline=deadline,
+        user_exit_ends_run=True,
     )
     findings = Findings(
         "diagnose",
@@ -92,6 +98,8 @@ def diagnose(
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),
     )
+    if result.ended_by is not None:
+        findings.later_notes.append(result.ended_by)
     failure = result.failure
     if failure is not None and failure.step is not None:
         try:
@@ -107,8 +115,34 @@ def diagnose(
             findings.gate = _gate_of(findings, options)
     _causes(findings, loaded, session, options, lrs, store)
     if session.ranks is not None:
-        session.ranks.leave()
+        _leave(session, interrupted=result.status == "interrupted")
     return assemble(findings)
+
+
+def interrupted_before_the_run(loaded: LoadedConfig) -> Report:
+    """The report of a run stopped (Ctrl-C, SIGTERM) while it was being built: no step
+    ran, and the environment is the config's (no session was made)."""
+    config = loaded.config
+    env = Environment(
+        config.device,
+        torch.__version__,
+        config.precision.dtype,
+        config.precision.use_grad_scaler,
+        torch.get_num_threads(),
+    )
+    summary = "interrupted while building the run, before its first step"
+    return Report("diagnose", str(loaded.path), env, "interrupted", 0, summary, name=config.name)
+
+
+def _leave(session: Session, interrupted: bool) -> None:
+    """Leave the job; an interrupted rank (the launcher's SIGTERM reached every rank)
+    does not wait at the final barrier for ranks that may be gone already."""
+    assert session.ranks is not None
+    if not interrupted:
+        session.ranks.leave()
+        return
+    with contextlib.suppress(Exception):
+        torch.distributed.destroy_process_group()
 
 
 def _localize(

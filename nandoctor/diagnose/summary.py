@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from nandoctor.causes.words import plural, values
+from nandoctor.errors import changed_torch_globals
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
 from nandoctor.runtime.record import RunResult
@@ -30,6 +31,8 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     if result.status == "timeout":
         ran = plural(result.steps_run, "step")
         return f"the time budget stopped the run after {ran}, all finite"
+    if result.ended_by is not None:  # sys.exit() in the user's code, before any NaN
+        return f"{result.ended_by}, after {plural(result.steps_run, 'finite step')}"
     if result.failure is None:
         if result.steps_run == 1:
             return "the run's one step stayed finite"
@@ -59,7 +62,17 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
             f"time budget: stopped after {result.steps_run} of {plural(steps, 'step')}; "
             "the steps run are judged, the rest are not"
         )
+    notes.extend(globals_notes())
     return notes
+
+
+def globals_notes() -> list[str]:
+    """The global torch settings the user's code changed (`errors.torch_globals`)."""
+    return [
+        f"your code set torch's {name} to {value}: your calls ran with it, nandoctor's own "
+        "checks and replays with the value it started with"
+        for name, value in changed_torch_globals().items()
+    ]
 
 
 def replay_notes(located: Localization | None) -> list[str]:

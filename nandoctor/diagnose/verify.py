@@ -53,6 +53,7 @@ from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.safe_ops import family
 from nandoctor.runtime.snapshot import StateSnapshot
+from nandoctor.runtime.tensors import MEMORY_ERRORS
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
@@ -365,6 +366,9 @@ def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = No
         )  # fmt: skip
     except NandoctorError as e:
         why = f"not verified {plan.describe}: the replay failed: {e.message}"
+        return Verdict(Replay.NOT_REPLAYED, why)
+    except MEMORY_ERRORS:  # the report is still written
+        why = f"not verified {plan.describe}: the replay ran out of memory"
         return Verdict(Replay.NOT_REPLAYED, why)
     return _judge(plan, patch, result, case, target, steps, resume is not None)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -38,6 +39,15 @@ class NodeInfo:
     frames: list[Frame] = field(default_factory=list)
 
 
+def _unusual(args: tuple, kwargs: dict) -> bool:
+    """An op on sparse or meta tensors: run, not checked (its values are not strided
+    memory the checks can read; the phase checks still see what it produced)."""
+    leaves = [*pytree.tree_leaves(args), *pytree.tree_leaves(kwargs)]
+    return any(
+        isinstance(t, torch.Tensor) and (t.layout != torch.strided or t.is_meta) for t in leaves
+    )
+
+
 class OpChecker(TorchDispatchMode):
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
@@ -45,7 +55,7 @@ class OpChecker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.tracer.watching():
+        if not self.tracer.watching() or _unusual(args, kwargs):
             return func(*args, **kwargs)
         if ops.leaves_unwritten(func):
             out = func(*args, **kwargs)
@@ -105,7 +115,7 @@ class OpChecker(TorchDispatchMode):
         tracer.record_made(func, args, kwargs, outputs, where)
         for _, t in written:
             tracer.origins.written(t)
-        floats = [(i, t) for i, t in enumerate(outputs) if t.is_floating_point()]
+        floats = [(i, t) for i, t in enumerate(outputs) if t.is_floating_point() or t.is_complex()]
         if not floats:
             return
         flags = torch.stack([~torch.isfinite(t).all() for _, t in floats]).tolist()

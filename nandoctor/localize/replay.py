@@ -32,9 +32,16 @@ from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore, StateSnapshot
 from nandoctor.runtime.state import TrainingObjects, device_of
+from nandoctor.runtime.tensors import MEMORY_ERRORS
 
-# NB: torch.OutOfMemoryError is torch >= 2.5's name; torch.cuda's is the older alias
-MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
+NO_MEMORY_TO_REPLAY = (
+    "no replay: out of memory saving the state to replay from; the report names the step "
+    "and phase, not the tensor"
+)
+NO_MEMORY_TO_RESTORE = (
+    "out of memory restoring the state after the replay: the causes below were judged on "
+    "the replayed state"
+)
 LIGHTER_NOTE = (
     "out of memory in the full trace: replayed with a lighter one "
     "(no provenance, module magnitudes or float32 rerun)"
@@ -103,15 +110,22 @@ def localize(
     Out of memory in the full trace, it replays once more with a lighter one.
     """
     started = time.perf_counter()
-    here = store.capture_now(-1)
     try:
-        return _full_or_light(objects, store, step, steps, started, loss_scale, here)
+        here = store.capture_now(-1)
+    except MEMORY_ERRORS:
+        return Localization(step, None, note=NO_MEMORY_TO_REPLAY)
+    try:
+        located = _full_or_light(objects, store, step, steps, started, loss_scale, here)
     except LookupError as e:
-        return Localization(step, None, note=f"could not rewind: {e}")
+        located = Localization(step, None, note=f"could not rewind: {e}")
     except (*MEMORY_ERRORS, UserCodeError) as e:
-        return Localization(step, None, note=_failed(step, e))
-    finally:
+        located = Localization(step, None, note=_failed(step, e))
+    try:
         here.restore(objects)
+    except MEMORY_ERRORS:
+        _free_memory(objects)
+        located.note = NO_MEMORY_TO_RESTORE
+    return located
 
 
 def _full_or_light(

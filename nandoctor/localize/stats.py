@@ -10,6 +10,8 @@ from nandoctor.report.evidence import TensorStats
 
 def tensor_stats(name: str, t: torch.Tensor) -> TensorStats:
     x = t.detach()
+    if x.layout != torch.strided:  # a sparse batch: its values where they are stored
+        x = x.to_dense()
     if x.is_complex():
         x = x.abs()
     finite = torch.isfinite(x)

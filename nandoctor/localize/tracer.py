@@ -95,7 +95,7 @@ class Tracer(Probe):
         with self.quiet():
             for name, p in self.model.named_parameters():
                 shard = local(p)  # NB: sharded (FSDP): this rank's shard, by the full name
-                if not bool(torch.isfinite(shard).all()):
+                if _has_nonfinite(shard):
                     owner = name.rpartition(".")[0]
                     self.origin = finding_of(
                         Phase.PARAMETERS, owner, None, f"param:{name}", shard, None
@@ -123,7 +123,7 @@ class Tracer(Probe):
 
     def _input_checked(self, ctx: StepContext) -> None:
         for path, t in named_tensors(ctx.batch):
-            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            if _has_nonfinite(t):
                 tensor = f"input:{path or 'batch'}"
                 self.origin = finding_of(Phase.INPUT, None, None, tensor, t, None)
                 return
@@ -134,7 +134,7 @@ class Tracer(Probe):
         present = [(role, local(t)) for role, t in named if t is not None]  # FSDP: shards
         if not present or not bool(nonfinite([t for _, t in present], present[0][1].device)):
             return
-        bad = [(role, t) for role, t in present if not bool(torch.isfinite(t).all())]
+        bad = [(role, t) for role, t in present if _has_nonfinite(t)]
         known = [x for _, t in bad if (x := self.origins.lineage(t)) is not None]
         if known:
             lineage = reaching(known)
@@ -268,3 +268,8 @@ def _owner(role: str) -> str:
 def _node_name() -> str:
     node = torch._C._current_autograd_node()
     return node.name() if node is not None else "?"
+
+
+def _has_nonfinite(t: torch.Tensor) -> bool:
+    """NaN or inf in `t`, of any kind (float64, complex, sparse; a meta tensor has none)."""
+    return not t.is_meta and bool(nonfinite([t], t.device))

@@ -27,8 +27,8 @@ def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRat
     for p, b in before:
         # NB: a sharded parameter's norms are over all its shards (a collective per norm:
         # every rank replays this step, in lockstep)
-        d = whole((p.detach().float() - b.float()).norm())
-        n = whole(b.float().norm())
+        d = whole((_real(p.detach()) - _real(b)).norm())
+        n = whole(_real(b).norm())
         deltas.append(d)
         norms.append(n)
         ratios.append(d / n.clamp_min(1e-12))
@@ -61,3 +61,8 @@ class UpdateTracker:
         ratio = update_ratio(model, step, before)
         if ratio.ratio > 0:
             self.latest = ratio
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """A weight as real float32 numbers (a complex one: its real and imaginary parts)."""
+    return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).float()

@@ -11,8 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
+from nandoctor.errors import UserExit
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
@@ -21,7 +20,7 @@ from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import floating
+from nandoctor.runtime.tensors import floating, nonfinite
 from nandoctor.setup.session import Session
 
 
@@ -36,6 +35,7 @@ def fast_run(
     skip_nonfinite_batches: bool = False,
     thorough: bool = False,
     batches: Iterable[tuple[int, Any]] | None = None,
+    user_exit_ends_run: bool = False,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
@@ -46,6 +46,8 @@ def fast_run(
     Past `deadline` (a `time.perf_counter()` value) the run stops with status "timeout".
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     `batches` replaces the session's stream (a run resumed from a snapshot starts later).
+    With `user_exit_ends_run`, `sys.exit()` or `os._exit()` in the user's code ends the run
+    with status "error" (`ended_by` says where), judged on the steps done, not raised.
     """
     result = RunResult("healthy", session.start_step, 0)
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
@@ -69,12 +71,17 @@ def fast_run(
                 recorder.record(sentinel.collect(final=True))
     except KeyboardInterrupt:
         result.status = "interrupted"
+    except UserExit as e:
+        if not user_exit_ends_run:
+            raise
+        result.status, result.ended_by = "error", e.message
     recorder.stop()
     return result
 
 
 def _finite_batch(batch: object) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in floating(batch))
+    tensors = [t for t in floating(batch) if not t.is_meta]
+    return not tensors or not bool(nonfinite(tensors, tensors[0].device))
 
 
 __all__ = ["RunResult", "StepCallback", "fast_run"]

@@ -31,6 +31,7 @@ class RunResult:
     events: list[Event] = field(default_factory=list)
     seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # wall time between verdicts
+    ended_by: str | None = None  # status "error": the user's code ended the run (sys.exit)
 
     @property
     def steps_completed(self) -> int:

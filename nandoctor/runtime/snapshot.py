@@ -29,7 +29,7 @@ from torch import Tensor
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import iter_tensors, local, map_tensors
+from nandoctor.runtime.tensors import MEMORY_ERRORS, iter_tensors, local, map_tensors
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -151,14 +151,27 @@ class SnapshotStore:
         self._spare: list[StateSnapshot] = []
         self._pinned: StateSnapshot | None = None
         self._batches: dict[int, Any] = {}
+        self.out_of_memory = False  # snapshots stopped: no memory left to keep them
 
     def before_step(self, step: int, batch: Any, *, copied: bool = False) -> None:
         """Keep `batch` (a private host copy of it, unless it is `copied` already: a
         Guard's `KeptStep`) and, by the policy, the state the step starts from."""
-        self._batches[step] = batch if copied else _host_copy(batch)
-        if not self._snapshots or step - self._snapshots[-1].step >= self._every():
-            self._capture(step)
+        if self.out_of_memory:
+            return
+        try:
+            self._batches[step] = batch if copied else _host_copy(batch)
+            if not self._snapshots or step - self._snapshots[-1].step >= self._every():
+                self._capture(step)
+        except MEMORY_ERRORS:
+            self._give_up()
+            return
         self._forget_old_batches()
+
+    def _give_up(self) -> None:
+        """Out of host memory for snapshots: keep none, free their buffers, and let the
+        run go on unwatched by replays (a replay then says it cannot rewind)."""
+        self.out_of_memory = True
+        self._snapshots, self._spare, self._pinned, self._batches = [], [], None, {}
 
     def pin(self, step: int) -> None:
         """Keep the snapshot that reaches `step` until `unpin` (a scaler streak began)."""
@@ -256,5 +269,19 @@ def state_bytes(objects: TrainingObjects) -> int:
 
 
 def _host_copy(batch: Any) -> Any:
-    """A private host copy of the batch: the user's loss may modify its batch in place."""
-    return map_tensors(batch, lambda t: t.detach().to("cpu", copy=True), copy.deepcopy)
+    """A private host copy of the batch: the user's loss may modify its batch in place.
+
+    NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
+    file in a batch field (deepcopy refuses them); the replay then sees the same object."""
+    return map_tensors(batch, _tensor_copy, _leaf_copy)
+
+
+def _tensor_copy(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_meta else t.detach().to("cpu", copy=True)
+
+
+def _leaf_copy(leaf: Any) -> Any:
+    try:
+        return copy.deepcopy(leaf)
+    except Exception:
+        return leaf

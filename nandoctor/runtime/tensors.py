@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+# Out of memory, on any device. NB: torch.OutOfMemoryError is torch >= 2.5's name;
+# torch.cuda's is the older alias (pyproject allows torch 2.4)
+MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
+
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     """Every tensor inside a batch or a model output, in order (see `named_tensors`)."""
@@ -101,8 +105,9 @@ def _mapped_mapping(obj: Mapping, values: dict) -> Any:
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
-    """Move every tensor of a batch to `device`, keeping the container types."""
-    return map_tensors(obj, lambda t: t.to(device, non_blocking=True))
+    """Move every tensor of a batch to `device`, keeping the container types (a
+    meta tensor holds no data to move: it stays as it is)."""
+    return map_tensors(obj, lambda t: t if t.is_meta else t.to(device, non_blocking=True))
 
 
 def _grouped_norms(
@@ -111,16 +116,29 @@ def _grouped_norms(
     """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        groups.setdefault((t.device, t.dtype), []).append(local(t).detach())
+        t = _plain(local(t).detach())
+        groups.setdefault((t.device, t.dtype), []).append(t)
     norms: list[torch.Tensor] = []
-    for (device, _), group in groups.items():
-        if device.type in ("cpu", "cuda") and not group[0].is_sparse:
+    for (device, group_dtype), group in groups.items():
+        # NB: a norm is never accumulated in fewer bits than its values (float64 weights)
+        acc = torch.float64 if torch.float64 in (group_dtype, dtype) else dtype
+        if device.type in ("cpu", "cuda"):
             # NB: reduced-precision norms are accumulated in float32: the L2 norm of finite
             # float16 values overflows float16 long before the values do.
-            norms.extend(_foreach_norm(group, ord, dtype))
+            norms.extend(_foreach_norm(group, ord, acc))
         else:
-            norms.extend(torch.linalg.vector_norm(t, ord, dtype=dtype) for t in group)
+            norms.extend(torch.linalg.vector_norm(t, ord, dtype=acc) for t in group)
     return norms
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A strided real tensor with the same values (for norms and finite checks): a sparse
+    tensor's stored values, a complex tensor's real and imaginary parts side by side."""
+    if t.layout != torch.strided:
+        t = t.coalesce().values() if t.layout == torch.sparse_coo else t.values()
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t
 
 
 def _foreach_norm(group: list[torch.Tensor], ord: float, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -152,14 +170,15 @@ def nonfinite(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Te
     on CUDA, one fused float64 L1 norm per dtype group instead of a kernel per tensor.
     """
     tensors = [
-        local(t).detach()
+        _plain(local(t).detach())
         for t in tensors
-        if (t.is_floating_point() or t.is_complex()) and local(t).numel()
+        if (t.is_floating_point() or t.is_complex()) and t.numel() and not t.is_meta
     ]
+    tensors = [t for t in tensors if t.numel()]
     if not tensors:
         return torch.zeros((), dtype=torch.bool, device=device)
     if device.type == "cpu":
-        extremes = [v.float() for t in tensors for v in torch.aminmax(_real(t))]
+        extremes = [v.double() for t in tensors for v in torch.aminmax(_real(t))]
         return ~torch.isfinite(torch.stack(extremes)).all()
     sums = _grouped_norms(tensors, 1.0, torch.float64)
     return ~torch.isfinite(torch.stack([s.to(device) for s in sums])).all()

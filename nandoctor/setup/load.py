@@ -70,9 +70,17 @@ def load_config(path: str | Path) -> LoadedConfig:
     return LoadedConfig(config, path)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a page of keys: a larger file is not one
+MAX_DEPTH = 64  # nesting of mappings and lists, aliases expanded
+MAX_NODES = 100_000  # values in the config with every alias expanded (an alias bomb: 10^9)
+
+
 def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Loc, int]]:
     try:
+        _check_limits(path, text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is not None:
+            _check_expanded(path, root)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -83,6 +91,60 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Loc, int]]:
     if root is not None:
         _index_lines(path, root, (), lines)
     return data, lines
+
+
+def _check_limits(path: Path, text: str) -> None:
+    """Refuse, before building anything, a file too large or nested too deeply (the
+    parser itself recurses once per level)."""
+    size = len(text.encode("utf-8", errors="replace"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: the config is {size} bytes, more than the limit of {MAX_CONFIG_BYTES}"
+        )
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1
+                raise ConfigError(f"{path}:{line}: nested more than {MAX_DEPTH} levels deep")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _check_expanded(path: Path, root: yaml.Node) -> None:
+    """Refuse aliases that expand into a huge or endless config (a "billion laughs" file,
+    an alias inside its own anchor): counted on the node graph, nothing expanded."""
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values, levels) below it
+    open_: set[int] = set()
+
+    def walk(node: yaml.Node, depth: int) -> tuple[int, int]:
+        key = id(node)
+        if key in open_:
+            raise ConfigError(f"{path}:{node.start_mark.line + 1}: an alias refers to itself")
+        if key not in sizes:
+            open_.add(key)
+            children = _children(node)
+            below = [walk(c, depth + 1) for c in children]
+            open_.discard(key)
+            sizes[key] = (1 + sum(n for n, _ in below), 1 + max((h for _, h in below), default=0))
+        count, height = sizes[key]
+        if depth + height > MAX_DEPTH or count > MAX_NODES:
+            raise ConfigError(
+                f"{path}: its aliases expand to more than {MAX_NODES} values or "
+                f"{MAX_DEPTH} levels; write the values out instead"
+            )
+        return count, height
+
+    walk(root, 0)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _index_lines(path: Path, node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from nandoctor.setup.dtypes import canonical_dtype
+from nandoctor.setup.limits import MAX_STEPS
 
 _ENTRYPOINT = re.compile(r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -183,7 +184,7 @@ class Config(_Section):
     clip_grad_norm: Number | None = Field(
         None, description="unscale_ then clip_grad_norm_ to this max norm"
     )
-    steps: Count = Field(500, description="optimizer steps to replay; epochs cycle")
+    steps: Count = Field(500, le=MAX_STEPS, description="optimizer steps to replay; epochs cycle")
     device: DeviceName = "auto"
     seed: Annotated[int, BeforeValidator(_not_a_bool)] = Field(0, ge=0, lt=2**32)
     snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy)

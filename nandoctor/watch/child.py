@@ -15,11 +15,13 @@ update ratio of the steps before, the tracer and the `Localization` it gives.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
@@ -43,6 +45,19 @@ def attach(settings: Settings) -> None:
         _attached = Watched(settings)
 
 
+def _write_before_os_exit(at_exit: Callable[[], None]) -> None:
+    """`os._exit` skips atexit: the script's own call still writes what was seen first
+    (`at_exit` does nothing in another process, a forked worker)."""
+    real = os._exit
+
+    def exit_(status: int) -> NoReturn:
+        with contextlib.suppress(Exception):
+            at_exit()
+        real(status)
+
+    os._exit = exit_
+
+
 class Watched:
     def __init__(self, settings: Settings) -> None:
         self.settings, self.pid = settings, os.getpid()
@@ -60,6 +75,7 @@ class Watched:
         self.note: str | None = None  # the replay's, for the report
         self.written = False
         atexit.register(self._at_exit)
+        _write_before_os_exit(self._at_exit)
         protocol.attached_marker(settings.dir, self.pid).touch()
 
     # -- steps ----------------------------------------------------------------------------
@@ -174,4 +190,6 @@ class Watched:
 
     def _stop(self) -> None:
         self.written = True
+        with contextlib.suppress(OSError):
+            protocol.stopped_marker(self.settings.dir, self.pid).touch()
         raise SystemExit(1)

@@ -41,6 +41,11 @@ def attached_marker(folder: str, pid: int) -> Path:
     return Path(folder) / f"attached-{pid}"
 
 
+def stopped_marker(folder: str, pid: int) -> Path:
+    """Written by a process the sentinel stopped: the command should end soon after."""
+    return Path(folder) / f"stopped-{pid}"
+
+
 def run_file(folder: str, pid: int) -> Path:
     return Path(folder) / f"run-{pid}.json"
 

@@ -19,10 +19,13 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,6 +40,7 @@ from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, ENV, Settings
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
+POLL_S = 0.5  # how often a running command's folder is looked at
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class WatchOptions:
     keep_going: bool = False  # --continue
     replay: bool = True
     replay_budget: float = DEFAULT_REPLAY_BUDGET
+    stdout_to_stderr: bool = False  # the report goes to stdout (`--json -`): keep it clean
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,8 @@ def watch(
     on_replay: Callable[[int], None] | None = None,
 ) -> Watched:
     with tempfile.TemporaryDirectory(prefix="nandoctor-watch-") as folder:
-        code = run_command(command, Settings(folder, keep_going=options.keep_going))
+        settings = Settings(folder, keep_going=options.keep_going)
+        code = run_command(command, settings, stdout_to_stderr=options.stdout_to_stderr)
         runs, attached = results.load_runs(folder), results.attached(folder)
     first = runs[0] if runs else None
     failure = first.result.failure if first is not None else None
@@ -73,7 +79,11 @@ def watch(
 
 
 def run_command(
-    command: list[str], settings: Settings, log: Path | None = None, timeout: float | None = None
+    command: list[str],
+    settings: Settings,
+    log: Path | None = None,
+    timeout: float | None = None,
+    stdout_to_stderr: bool = False,
 ) -> int:
     """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted)."""
     env = dict(os.environ)
@@ -81,18 +91,37 @@ def run_command(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOT_DIR), env.get("PYTHONPATH")) if p)
     out = open(log, "wb") if log is not None else None  # noqa: SIM115  (closed below)
     try:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=out)
+        stdout: Any = out if out is not None else (sys.stderr if stdout_to_stderr else None)
+        proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=out)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
         raise UsageError(f"watch: cannot run {command[0]!r}: {e.strerror or e}") from None
     finally:
         if out is not None:
             out.close()
-    return _wait(proc, timeout)
+    return _wait(proc, timeout, settings.dir)
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
+def _wait(proc: subprocess.Popen, timeout: float | None, folder: str) -> int:
+    """The command's exit code. A process of the command that the sentinel stopped (a
+    worker of a `multiprocessing.Pool`, whose pool would wait for it forever) gives the
+    command `GRACE_S` to end by itself; then it is stopped."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    stopped_since: float | None = None
     try:
-        code = proc.wait(timeout)
+        while True:
+            try:
+                code = proc.wait(POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    raise
+                if stopped_since is None and any(Path(folder).glob("stopped-*")):
+                    stopped_since = now
+                if stopped_since is not None and now - stopped_since > GRACE_S:
+                    _stop(proc)
+                    code = proc.wait()
+                    break
     except (KeyboardInterrupt, subprocess.TimeoutExpired):  # Ctrl-C, SIGTERM or too long
         _stop(proc)
         return INTERRUPTED_CODE
