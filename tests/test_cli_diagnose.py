@@ -19,7 +19,7 @@ SPEC_KEYS = {
 }  # fmt: skip
 FIRST_NONFINITE_KEYS = {
     "step", "phase", "module", "op", "tensor", "value", "dtype", "shape", "count_nonfinite",
-    "source", "reproduced", "frames",
+    "source", "reproduced", "frames", "micro_batch",
 }  # fmt: skip
 
 
@@ -46,7 +46,11 @@ def test_json_to_stdout_holds_the_spec_fields():
     report = json.loads(result.stdout)
     assert set(report) >= SPEC_KEYS
     assert report["schema_version"] == 2 and report["command"] == "diagnose"
-    assert set(report["environment"]) == {"device", "torch", "dtype", "grad_scaler", "threads"}
+    assert set(report["environment"]) == {
+        *("device", "torch", "dtype", "grad_scaler", "threads"),
+        *("autocast_policy", "data_sharding"),
+    }
+    assert report["environment"]["autocast_policy"] == "cuda"  # the default
     assert set(report["first_nonfinite"]) == FIRST_NONFINITE_KEYS
     assert report["status"] == "nonfinite"
     assert report["first_nonfinite"]["step"] == report["steps_completed"] > 0

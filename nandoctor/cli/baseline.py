@@ -27,6 +27,7 @@ def baseline(
     steps: int | None = options.Steps,
     device: str | None = options.Device,
     dtype: str | None = options.Dtype,
+    autocast_policy: str | None = options.AutocastPolicy,
     seed: int | None = options.Seed,
     time_budget: float | None = options.TimeBudget,
     quiet: bool = options.Quiet,
@@ -34,7 +35,9 @@ def baseline(
 ) -> Outcome:
     """Record a healthy run's numeric health; exit 1 (and write nothing) if it is not healthy."""
     options.check_outputs({"--out": out})
-    loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    loaded = load_config(config).with_overrides(
+        steps=steps, device=device, dtype=dtype, seed=seed, autocast_policy=autocast_policy
+    )
     # NB: a baseline records the run's health; it does not judge it (no gate)
     settings = engine.DiagnoseOptions(
         verify=False, measure_health=True, gate=False, time_budget=time_budget

@@ -33,6 +33,7 @@ def compare(
     ),
     steps: int | None = options.Steps,
     device: str | None = options.Device,
+    autocast_policy: str | None = options.AutocastPolicy,
     seed: int | None = options.Seed,
     json_path: str | None = options.Json,
     markdown_path: str | None = options.Markdown,
@@ -49,7 +50,9 @@ def compare(
     options.check_outputs(outputs)
     if plot_path:
         require_matplotlib()
-    loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    loaded = load_config(config).with_overrides(
+        steps=steps, device=device, seed=seed, autocast_policy=autocast_policy
+    )
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
 
     progress: list[StepProgress] = []

@@ -87,7 +87,11 @@ def diagnose(
     findings = Findings(
         "diagnose",
         str(loaded.path),
-        environment_of(session),
+        environment_of(
+            session,
+            autocast_policy=session.autocast_policy,
+            data_sharding=session.ranks.data_sharding if session.ranks is not None else None,
+        ),
         result,
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),

@@ -52,7 +52,8 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
     notes = []
     if session.config.device == "auto" and session.device.type == "cpu":
         notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
-    if session.device.type == "cpu" and session.dtype != torch.float32:
+    native = session.autocast_policy == "native"
+    if native and session.device.type == "cpu" and session.dtype != torch.float32:
         notes.append(CPU_AUTOCAST_NOTE)
     if result.status == "timeout":
         notes.append(

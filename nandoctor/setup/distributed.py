@@ -51,6 +51,7 @@ class Ranks:
             device,
         )
         self._local_bad = torch.zeros((), dtype=torch.bool, device=device)
+        self.data_sharding: str | None = None  # self | sampler | by-position, once sharded
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
         ids = [self.device.index] if self.device.type == "cuda" else None
