@@ -112,7 +112,8 @@ def overload(name: str) -> torch._ops.OpOverload:
 
 
 def _kernel(name: str, policy: str) -> Callable[..., Any]:
-    op = overload(name)
+    # NB: the C++ builtin under the OpOverload: one Python frame less on every call
+    op = overload(name)._op
     if policy == "lower_precision_fp":
         return _cast_kernel(op, lambda args: torch.get_autocast_dtype("cpu"))
     if policy == "fp32":
@@ -120,9 +121,9 @@ def _kernel(name: str, policy: str) -> Callable[..., Any]:
     if policy == "promote":
         return _cast_kernel(op, _widest)
     if policy == "fp32_set_opt_dtype":
-        return _set_dtype_kernel(op)
+        return _set_dtype_kernel(op, overload(name)._schema)
     if policy == "fp32_append_dtype":
-        return _append_dtype_kernel(op, overload(FP32_APPEND_DTYPE[name]))
+        return _append_dtype_kernel(overload(name), overload(FP32_APPEND_DTYPE[name])._op)
     return _banned_kernel
 
 
@@ -135,8 +136,8 @@ def _cast_kernel(op: Any, target: Callable[[tuple], torch.dtype]) -> Callable[..
     return kernel
 
 
-def _set_dtype_kernel(op: Any) -> Callable[..., Any]:
-    schema = op._schema.arguments
+def _set_dtype_kernel(op: Any, schema: Any) -> Callable[..., Any]:
+    schema = schema.arguments
     index = next(i for i, a in enumerate(schema) if a.name == "dtype")
     keyword = schema[index].kwarg_only
 
@@ -176,7 +177,7 @@ def _eligible(value: Any) -> bool:
         isinstance(value, torch.Tensor)
         and value.is_floating_point()
         and value.dtype != torch.float64
-        and value.device.type == "cpu"
+        and value.is_cpu
     )
 
 
