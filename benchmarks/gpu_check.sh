@@ -8,6 +8,9 @@ mkdir -p "$out"
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 # 1. every test, CUDA ones included (they are skipped on the CPU)
 python -m pytest -q -m "cuda or not cuda" 2>&1 | tee "$out/tests.txt"
+# 1b. the CPU emulation of CUDA's autocast against CUDA's own, op by op and per example
+python -m pytest -q -m cuda tests/test_cuda_autocast.py 2>&1 | tee "$out/autocast-policy.txt"
+python -m benchmarks.autocast_policy --width 256 2>&1 | tee -a "$out/autocast-policy.txt"
 # 2. diagnose the shipped examples on the GPU (CUDA autocast differs from the CPU's)
 for config in configs/seed-fp16-nan.yaml configs/fp16-overflow.yaml configs/exploding-gradients.yaml; do
     python -m nandoctor diagnose "$config" --device cuda --no-verify --json "$out/$(basename "$config" .yaml).json" -q || true

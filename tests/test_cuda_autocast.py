@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from nandoctor.setup.autocast_lists import BANNED, FP32_APPEND_DTYPE, POLICY
 from nandoctor.setup.cuda_autocast import emulated, is_emulating, overload
+from tests.conftest import CONFIGS
 
 LOW = [torch.float16, torch.bfloat16]
 # Kernels that exist only in CUDA builds: registered, but no CPU tensor can reach them.
@@ -272,3 +273,68 @@ def test_the_emulation_is_removed_when_the_body_raises():
 def test_append_dtype_twins_exist():
     for name, twin in FP32_APPEND_DTYPE.items():
         assert overload(twin)._schema.arguments[-1].name == "dtype", name
+
+
+# -- on a CUDA machine: the emulation against CUDA's own autocast ---------------------
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+EXAMPLES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+
+
+@pytest.mark.cuda
+@NEEDS_CUDA
+@pytest.mark.parametrize("low", LOW, ids=str)
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_each_op_matches_real_cuda_autocast(name, low):
+    if low == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        pytest.skip("bfloat16 needs compute capability 8.0+")
+    lower = POLICY[name] == "lower_precision_fp"
+    args = ARGS[name]() if lower else _cast(ARGS[name](), low)
+    with torch.autocast("cuda", low):
+        out = overload(name)(*_to(args, "cuda"))
+    assert _out_dtype(name, args, low) == (out[0] if isinstance(out, tuple) else out).dtype
+
+
+@pytest.mark.cuda
+@NEEDS_CUDA
+@pytest.mark.parametrize("config", EXAMPLES)
+def test_each_op_of_a_shipped_example_gets_cudas_dtype(config):
+    """One forward and loss of each shipped example on the GPU and, emulated, on the CPU:
+    every op both devices ran produced the same output dtypes."""
+    seen = {device: _op_dtypes(CONFIGS / config, device) for device in ("cpu", "cuda")}
+    common = seen["cpu"].keys() & seen["cuda"].keys()
+    assert common
+    assert {op: seen["cpu"][op] for op in common} == {op: seen["cuda"][op] for op in common}
+
+
+def _op_dtypes(config, device: str) -> dict[str, set[torch.dtype]]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from nandoctor.runtime.tensors import to_device
+    from nandoctor.setup.load import load_config
+    from nandoctor.setup.session import build_session
+
+    seen: dict[str, set[torch.dtype]] = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    seen.setdefault(str(func), set()).add(t.dtype)
+            return out
+
+    loaded = load_config(config).with_overrides(device=device, autocast_policy="cuda")
+    session = build_session(loaded)
+    _, batch = next(iter(session.batches))
+    batch = to_device(batch, session.device)
+    with Record(), session.autocast():
+        session.loss_fn(session.train_model or session.model, batch)
+    return seen
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
