@@ -41,7 +41,9 @@ class LoadedConfig:
         """A copy with command-line options applied (`dtype=` and `autocast_policy=` reach
         into `precision`)."""
         updates = {k: v for k, v in changes.items() if v is not None}
-        inner = {k: updates.pop(k) for k in ("dtype", "autocast_policy") if k in updates}
+        inner: dict[str, object] = {
+            k: updates.pop(k) for k in ("dtype", "autocast_policy") if k in updates
+        }
         if inner:
             updates["precision"] = self.config.precision.model_copy(update=inner)
         return LoadedConfig(self.config.model_copy(update=updates), self.path)
