@@ -13,7 +13,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 from nandoctor.localize import ops
 from nandoctor.report.evidence import Producer
 
-
 _CAST = torch.ops.aten._to_copy.default
 
 
