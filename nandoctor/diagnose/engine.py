@@ -99,7 +99,9 @@ def diagnose(
     failure = result.failure
     if failure is not None and failure.step is not None:
         try:
-            findings.located, findings.per_rank, result.failure = _localize(session, store, failure)
+            with session.autocast_scope():  # NB: installed once for all the replayed steps
+                located = _localize(session, store, failure)
+            findings.located, findings.per_rank, result.failure = located
         except KeyboardInterrupt:
             findings.interrupted = REPLAY_INTERRUPTED
             return assemble(findings)
