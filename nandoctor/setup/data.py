@@ -72,6 +72,7 @@ class BatchStream:
         epoch = 0
         while True:
             source = self.first_epoch() if epoch == 0 else self._epoch_source()
+            _set_epoch(source, epoch)
             iterator = self._private_rng(lambda: iter(source))  # noqa: B023
             empty = True
             while True:
@@ -109,6 +110,13 @@ class BatchStream:
 
 
 _END = object()
+
+
+def _set_epoch(source: Any, epoch: int) -> None:
+    """A DistributedSampler shuffles by its epoch: set it, as the job's loop does."""
+    sampler = getattr(source, "sampler", None)
+    if isinstance(sampler, torch.utils.data.DistributedSampler):
+        sampler.set_epoch(epoch)
 
 
 def _is_iterable(obj: Any) -> bool:
