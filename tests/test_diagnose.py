@@ -126,7 +126,9 @@ def test_report_records_the_environment(project):
     env = report.environment
     assert (env.device, env.dtype, env.grad_scaler) == ("cpu", "bfloat16", False)
     assert env.torch == torch.__version__ and env.threads == torch.get_num_threads()
-    assert any("CPU autocast" in note for note in report.notes)
+    assert (env.autocast_policy, env.data_sharding) == ("cuda", None)  # the defaults
+    # CUDA's autocast lists were replayed: no note that the CPU's cast fewer ops
+    assert not any("CPU autocast" in note for note in report.notes)
 
 
 LOG_SOFTMAX = """
