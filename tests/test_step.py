@@ -25,6 +25,7 @@ def test_a_nan_in_batch_37_with_4_micro_batches_is_step_9_micro_batch_1(project)
     assert (first.step, first.micro_batch, first.phase) == (9, 1, "input")
     assert report.steps_completed == 9
     assert report.to_dict()["first_nonfinite"]["micro_batch"] == 1
+    assert report.summary.startswith("step 9, micro-batch 1, phase input")
 
 
 def test_without_accumulation_the_report_names_no_micro_batch(project):

@@ -37,7 +37,9 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     f = result.failure
     found = located.finding if located is not None else None
     phase = found.phase if found is not None else f.phase
-    head = f"step {f.step}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
+    micro = found.micro_batch if found is not None else None
+    where = f"step {f.step}" + (f", micro-batch {micro}" if micro is not None else "")
+    head = f"{where}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
     if found is None:
         return f"{head}: {f.why}"
     if found.op is None:
