@@ -8,8 +8,10 @@ set -euo pipefail
 out="${1:-gpu-results}"
 mkdir -p "$out"
 python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
-# 1. the CUDA tests (skipped on the CPU; the rest of the suite is CI's)
+# 1. the CUDA tests (skipped on the CPU; the rest of the suite is CI's), among them the
+# CPU emulation of CUDA's autocast against CUDA's own, op by op and per example
 python -m pytest -q -m cuda 2>&1 | tee "$out/tests.txt"
+python -m benchmarks.autocast_policy --width 256 2>&1 | tee "$out/autocast-policy.txt"
 # 2. diagnose the shipped examples on the GPU (CUDA autocast differs from the CPU's)
 for config in configs/seed-fp16-nan.yaml configs/fp16-overflow.yaml configs/exploding-gradients.yaml; do
     python -m nandoctor diagnose "$config" --device cuda --no-verify --json "$out/$(basename "$config" .yaml).json" -q || true

@@ -19,7 +19,7 @@ SPEC_KEYS = {
 }  # fmt: skip
 FIRST_NONFINITE_KEYS = {
     "step", "phase", "module", "op", "tensor", "value", "dtype", "shape", "count_nonfinite",
-    "source", "reproduced", "frames",
+    "source", "reproduced", "frames", "micro_batch",
 }  # fmt: skip
 
 
@@ -46,7 +46,11 @@ def test_json_to_stdout_holds_the_spec_fields():
     report = json.loads(result.stdout)
     assert set(report) >= SPEC_KEYS
     assert report["schema_version"] == 2 and report["command"] == "diagnose"
-    assert set(report["environment"]) == {"device", "torch", "dtype", "grad_scaler", "threads"}
+    assert set(report["environment"]) == {
+        *("device", "torch", "dtype", "grad_scaler", "threads"),
+        *("autocast_policy", "data_sharding"),
+    }
+    assert report["environment"]["autocast_policy"] == "native"  # the seed config pins it
     assert set(report["first_nonfinite"]) == FIRST_NONFINITE_KEYS
     assert report["status"] == "nonfinite"
     assert report["first_nonfinite"]["step"] == report["steps_completed"] > 0
@@ -154,3 +158,19 @@ def loss(model, batch):  # marks that the run is stepping, so the signal lands m
     assert time.perf_counter() - sent < 5
     report = json.loads(out.read_text())
     assert report["status"] == "interrupted" and report["steps_completed"] > 0
+
+
+def test_autocast_policy_on_the_command_line_overrides_the_config(project, tmp_path):
+    config = project(base_config(precision={"dtype": "bfloat16", "autocast_policy": "native"}))
+    out = tmp_path / "r.json"
+    args = ["--steps", "2", "--quiet", "--json", str(out)]
+    assert invoke("diagnose", str(config), *args).exit_code == 0
+    assert json.loads(out.read_text())["environment"]["autocast_policy"] == "native"
+    result = invoke("diagnose", str(config), "--autocast-policy", "cuda", *args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["environment"]["autocast_policy"] == "cuda"
+
+
+def test_an_unknown_autocast_policy_is_a_usage_error(project):
+    result = invoke("diagnose", str(project(base_config())), "--autocast-policy", "tpu")
+    assert result.exit_code == 2 and "expected cuda or native" in result.output

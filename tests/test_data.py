@@ -76,3 +76,27 @@ def test_shuffled_batches_ignore_what_the_model_does_with_the_global_rng():
 
     assert order(False) == order(True)
     assert order(False)[:8] != order(False)[8:]  # the second epoch is shuffled anew
+
+
+def test_a_distributed_samplers_epoch_is_set_each_epoch_as_the_job_does():
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dataset = TensorDataset(torch.arange(8.0))
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
+    stream = BatchStream(lambda: loader, seed=0)
+    epochs = [batch[0].tolist() for _, batch in itertools.islice(stream, 2)]
+    assert sampler.epoch == 1 and epochs[0] != epochs[1]  # reshuffled, as set_epoch does
+
+
+def test_with_accumulation_a_step_is_n_consecutive_batches_across_epochs():
+    from nandoctor.setup.data import MicroBatches
+
+    stream = BatchStream(lambda: [0, 1, 2, 3, 4], seed=0, start_step=10, accum=2)
+    steps = list(itertools.islice(stream, 4))
+    assert steps == [
+        (10, MicroBatches((0, 1))),
+        (11, MicroBatches((2, 3))),
+        (12, MicroBatches((4, 0))),  # the last group of an epoch runs on into the next
+        (13, MicroBatches((1, 2))),
+    ]

@@ -126,4 +126,42 @@ def test_report_records_the_environment(project):
     env = report.environment
     assert (env.device, env.dtype, env.grad_scaler) == ("cpu", "bfloat16", False)
     assert env.torch == torch.__version__ and env.threads == torch.get_num_threads()
-    assert any("CPU autocast" in note for note in report.notes)
+    assert (env.autocast_policy, env.data_sharding) == ("cuda", None)  # the defaults
+    # CUDA's autocast lists were replayed: no note that the CPU's cast fewer ops
+    assert not any("CPU autocast" in note for note in report.notes)
+
+
+LOG_SOFTMAX = """
+import torch
+
+
+def log_of_softmax(model, batch):
+    x, y = batch
+    out = model(x)  # float16 under autocast
+    logits = out * 0 + torch.tensor([0.0, -20.0, -20.0], dtype=out.dtype)  # exp(-20): 0 in float16
+    return -torch.log(torch.softmax(logits, -1))[:, 1].mean()
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "status", "dtype"), [("native", "nonfinite", "float16"), ("cuda", "healthy", None)]
+)
+def test_the_autocast_policy_decides_the_dtype_of_softmax_and_log(project, policy, status, dtype):
+    # CUDA autocast runs softmax and log in float32, where exp(-20) is no underflow; the
+    # CPU's own lists leave them in float16, where it is 0 and log(0) is -inf
+    path = project(
+        base_config(
+            loss="losses.py:log_of_softmax",
+            precision={"dtype": "float16", "autocast_policy": policy},
+            steps=2,
+        )
+    )
+    (path.parent / "losses.py").write_text(LOG_SOFTMAX)
+    report = diagnose(load_config(path), NO_VERIFY)
+    assert report.status == status and report.environment.autocast_policy == policy
+    if dtype is not None:
+        first = report.first_nonfinite
+        assert (first.step, first.op, first.dtype) == (0, "aten.log.default", dtype)
+        assert any("CPU autocast casts fewer ops" in n for n in report.notes)
+    else:
+        assert not any("CPU autocast casts fewer ops" in n for n in report.notes)

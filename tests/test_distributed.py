@@ -30,15 +30,36 @@ def build_data(rank, world_size, nan_rank=None, nan_step=None, raise_rank=None, 
             x[0, 0] = float("nan")
         out.append((x, torch.randint(0, 3, (4,), generator=g)))
     return out
+
+
+def rank_aware_data(nan_rank=None, nan_step=None):
+    # shards itself: reads its rank from torch.distributed, as many users' loaders do
+    import torch.distributed as dist
+
+    return build_data(dist.get_rank(), dist.get_world_size(), nan_rank, nan_step)
+
+
+def same_data(nan_batch=None):
+    # the same 8 batches on every rank: nandoctor splits them by position
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for i in range(8):
+        x = torch.randn(4, 8, generator=g)
+        if i == nan_batch:
+            x[0, 0] = float("nan")
+        out.append((x, torch.randint(0, 3, (4,), generator=g)))
+    return out
 """
 
 
-def run_two_ranks(tmp_path, data_args: dict, *, train: str = TRAIN, extra: str = ""):
+def run_two_ranks(
+    tmp_path, data_args: dict, data: str = "build_data", *, train: str = TRAIN, extra: str = ""
+):
     """`nandoctor diagnose` on two gloo ranks; `extra` is appended to the config."""
     (tmp_path / "train.py").write_text(train)
     config = tmp_path / "config.yaml"
     config.write_text(
-        "model: train.py:build_model\ndata: train.py:build_data\n"
+        f"model: train.py:build_model\ndata: train.py:{data}\n"
         f"data_args: {json.dumps(data_args)}\n"
         "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 10\ndevice: cpu\n"
         + extra
@@ -62,6 +83,29 @@ def test_a_nan_born_on_rank_1_is_named_and_rank_0_inherited_it(tmp_path):
     assert ranks[0]["status"] == "inherited" and ranks[0]["first_nonfinite"]["phase"] == "backward"
     assert "born on rank 1 (rank 0 inherited it through the all-reduce)" in report["summary"]
     assert report["causes"][0]["id"] == "nonfinite-input"
+    assert report["environment"]["data_sharding"] == "self"  # its rank/world_size parameters
+
+
+@pytest.mark.slow
+def test_a_loader_that_shards_itself_fails_at_the_step_the_job_fails(tmp_path):
+    # rank 1's own batch 5 holds the NaN: the job fails at step 5 (not at 2, where a
+    # second split by position would put it)
+    proc, report = run_two_ranks(tmp_path, {"nan_rank": 1, "nan_step": 5}, "rank_aware_data")
+    assert proc.returncode == 1, proc.stderr
+    assert report["environment"]["data_sharding"] == "self"
+    assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (5, "input")
+    ranks = {r["rank"]: r["status"] for r in report["ranks"]}
+    assert ranks == {0: "inherited", 1: "origin"}
+
+
+@pytest.mark.slow
+def test_the_same_data_on_every_rank_is_split_by_position(tmp_path):
+    # batch 5 goes to rank 1 (5 % 2) as its third batch: step 2
+    proc, report = run_two_ranks(tmp_path, {"nan_batch": 5}, "same_data")
+    assert proc.returncode == 1, proc.stderr
+    assert report["environment"]["data_sharding"] == "by-position"
+    assert report["first_nonfinite"]["step"] == 2
+    assert {r["rank"]: r["status"] for r in report["ranks"]}[1] == "origin"
 
 
 @pytest.mark.slow

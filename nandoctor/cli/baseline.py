@@ -23,6 +23,7 @@ def baseline(
     steps: int | None = options.Steps,
     device: str | None = options.Device,
     dtype: str | None = options.Dtype,
+    autocast_policy: str | None = options.AutocastPolicy,
     seed: int | None = options.Seed,
     time_budget: float | None = options.TimeBudget,
     quiet: bool = options.Quiet,
@@ -37,7 +38,9 @@ def baseline(
     from nandoctor.setup.load import load_config
 
     outputs = options.check_outputs({"--out": out})
-    loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    loaded = load_config(config).with_overrides(
+        steps=steps, device=device, dtype=dtype, seed=seed, autocast_policy=autocast_policy
+    )
     options.protect_inputs(outputs, loaded)
     out = outputs["--out"] or out
     nproc = loaded.config.distributed.nproc_per_node

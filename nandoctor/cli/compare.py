@@ -31,6 +31,7 @@ def compare(
     ),
     steps: int | None = options.Steps,
     device: str | None = options.Device,
+    autocast_policy: str | None = options.AutocastPolicy,
     seed: int | None = options.Seed,
     json_path: str | None = options.Json,
     markdown_path: str | None = options.Markdown,
@@ -55,7 +56,9 @@ def compare(
     options.check_outputs(outputs)
     if plot_path:
         require_matplotlib()
-    loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
+    loaded = load_config(config).with_overrides(
+        steps=steps, device=device, seed=seed, autocast_policy=autocast_policy
+    )
     options.protect_inputs(outputs, loaded)
     nproc = loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks

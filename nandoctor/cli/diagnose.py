@@ -35,6 +35,7 @@ def diagnose(
     steps: int | None = options.Steps,
     device: str | None = options.Device,
     dtype: str | None = options.Dtype,
+    autocast_policy: str | None = options.AutocastPolicy,
     seed: int | None = options.Seed,
     json_path: str | None = options.Json,
     markdown_path: str | None = options.Markdown,
@@ -71,7 +72,9 @@ def diagnose(
 
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
-    loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
+    loaded = load_config(config).with_overrides(
+        steps=steps, device=device, dtype=dtype, seed=seed, autocast_policy=autocast_policy
+    )
     options.protect_inputs(outputs, loaded, baseline=baseline)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():

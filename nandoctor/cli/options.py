@@ -37,6 +37,12 @@ def device_name(value: str | None) -> str | None:
         raise typer.BadParameter(str(e)) from None
 
 
+def policy_name(value: str | None) -> str | None:
+    if value is None or value in ("cuda", "native"):
+        return value
+    raise typer.BadParameter(f"{value!r}: expected cuda or native")
+
+
 def report_console_to_stderr(*paths: str | None) -> bool:
     """Human output moves to stderr when a report is written to stdout (`-`)."""
     return any(p == "-" for p in paths)
@@ -93,6 +99,12 @@ Steps = typer.Option(
 Device = typer.Option(None, "--device", callback=device_name, help="auto | cpu | cuda | cuda:N")
 Dtype = typer.Option(
     None, "--dtype", callback=dtype_name, help="fp16 | bf16 | fp32 (or full names)"
+)
+AutocastPolicy = typer.Option(
+    None,
+    "--autocast-policy",
+    callback=policy_name,
+    help="cuda: CUDA's autocast cast lists on any device (default) | native: the device's own.",
 )
 Seed = typer.Option(None, "--seed", min=0, max=2**32 - 1, help="Seed for Python, numpy and torch.")
 Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for stdout).")

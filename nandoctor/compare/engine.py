@@ -52,7 +52,8 @@ def compare(
     reference = REFERENCE if any(r.dtype == REFERENCE for r in runs) else None
     if reference is not None:
         _fill_drift(runs, next(r for r in runs if r.dtype == reference))
-    notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" else []
+    native = loaded.config.precision.autocast_policy == "native"
+    notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" and native else []
     return Comparison(
         config=str(loaded.path),
         environment=CompareEnvironment(str(device), torch.__version__, torch.get_num_threads()),

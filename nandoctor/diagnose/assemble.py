@@ -156,6 +156,7 @@ def _first_of(step: int, found: Finding) -> FirstNonfinite:
         source=found.source,
         reproduced=True,
         frames=found.frames,
+        micro_batch=found.micro_batch,
     )
 
 

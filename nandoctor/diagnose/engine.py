@@ -93,7 +93,11 @@ def diagnose(
     findings = Findings(
         "diagnose",
         str(loaded.path),
-        environment_of(session),
+        environment_of(
+            session,
+            autocast_policy=session.autocast_policy,
+            data_sharding=session.ranks.data_sharding if session.ranks is not None else None,
+        ),
         result,
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),
@@ -103,7 +107,9 @@ def diagnose(
     failure = result.failure
     if failure is not None and failure.step is not None:
         try:
-            findings.located, findings.per_rank, result.failure = _localize(session, store, failure)
+            with session.autocast_scope():  # NB: installed once for all the replayed steps
+                located = _localize(session, store, failure)
+            findings.located, findings.per_rank, result.failure = located
         except KeyboardInterrupt:
             findings.interrupted = REPLAY_INTERRUPTED
             return assemble(findings)

@@ -14,14 +14,23 @@ from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.state import TrainingObjects
 
 
-def environment_of(objects: TrainingObjects) -> Environment:
-    """Where the run ran, for the report (a hooked run may not have met its model yet)."""
+def environment_of(
+    objects: TrainingObjects,
+    *,
+    autocast_policy: str = "native",
+    data_sharding: str | None = None,
+) -> Environment:
+    """Where the run ran, for the report (a hooked run may not have met its model yet).
+    A user's own loop autocasts natively; `diagnose` says which lists its replay used and,
+    distributed, how the data was split among the ranks."""
     return Environment(
         device=str(objects.device or "cpu"),
         torch=torch.__version__,
         dtype=_name(objects.dtype) or "float32",
         grad_scaler=objects.scaler is not None,
         threads=torch.get_num_threads(),
+        autocast_policy=autocast_policy,
+        data_sharding=data_sharding,
     )
 
 

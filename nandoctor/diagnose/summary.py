@@ -40,7 +40,9 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
     f = result.failure
     found = located.finding if located is not None else None
     phase = found.phase if found is not None else f.phase
-    head = f"step {f.step}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
+    micro = found.micro_batch if found is not None else None
+    where = f"step {f.step}" + (f", micro-batch {micro}" if micro is not None else "")
+    head = f"{where}, phase {phase.value if phase else '?'}" + _ranks_clause(f)
     if found is None:
         return f"{head}: {f.why}"
     if found.op is None:
@@ -55,7 +57,8 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
     notes = []
     if session.config.device == "auto" and session.device.type == "cpu":
         notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
-    if session.device.type == "cpu" and session.dtype != torch.float32:
+    native = session.autocast_policy == "native"
+    if native and session.device.type == "cpu" and session.dtype != torch.float32:
         notes.append(CPU_AUTOCAST_NOTE)
     if result.status == "timeout":
         notes.append(

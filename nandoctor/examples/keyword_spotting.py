@@ -2,17 +2,17 @@
 after a bias-free input projection, trained under float16 autocast::
 
     x = self.proj(frames)                                        # Linear(bias=False)
-    x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)   # RMSNorm, eps 1e-8
+    x = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-8)   # RMSNorm, eps 1e-8
 
 Most clips are a full second; the few shorter ones are padded with zero frames, as
 Speech Commands loaders do. A zero frame projects to an exact zero row, and the
 normalisation is meant to give 0 / sqrt(0 + eps) = 0 there. But under autocast the
-projection's output is float16 and so is everything computed from it (on the CPU the
-pow, mean, add and sqrt all stay in float16): 1e-8 is below float16's smallest
-subnormal (6e-8) and rounds to exactly 0, so the row becomes 0 / sqrt(0) = 0 / 0 = NaN.
-The first short clip arrives after some clean steps. float32 and bfloat16 (whose
-exponent range holds 1e-8) survive the same run. (CUDA autocast runs `pow` in float32,
-so on a GPU this exact line survives; `x * x`, or a `model.half()`, fails there too.)
+projection's output is float16 and so is everything computed from it (autocast, CUDA's
+and the CPU's alike, leaves the multiply, mean, add and sqrt in float16): 1e-8 is below
+float16's smallest subnormal (6e-8) and rounds to exactly 0, so the row becomes
+0 / sqrt(0) = 0 / 0 = NaN. The first short clip arrives after some clean steps. float32
+and bfloat16 (whose exponent range holds 1e-8) survive the same run. (Written
+`x.pow(2)`, the line survives on a GPU: CUDA autocast runs `pow` in float32.)
 
 The fix is an epsilon the dtype can hold (1e-5, `torch.finfo(torch.float16).tiny`), or
 computing the norm in float32 (`x.float()`, then cast back), as LLaMA's RMSNorm does.
@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # BUG: computed in x's dtype; eps = 1e-8 is 0 in float16
-        return self.weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return self.weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + self.eps))
 
 
 class FrameMLP(nn.Module):

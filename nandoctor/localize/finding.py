@@ -28,6 +28,7 @@ class Finding:
     evidence: Evidence = field(default_factory=Evidence)
     created: bool = True  # False: a deliberate inf (a scalar fill, a constant) carried along
     frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
+    micro_batch: int | None = None  # gradient accumulation: the micro-batch it was born in
 
 
 def finding_of(

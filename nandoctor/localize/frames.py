@@ -23,6 +23,7 @@ from types import FrameType
 
 from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.report.types import Frame
+from nandoctor.setup import cuda_autocast
 
 # NB: path fragments (as displayed, '/'-separated) of plumbing between a user and the math
 _MACHINERY = (
@@ -51,6 +52,7 @@ _MACHINERY = (
 )
 _SITE_DIRS = ("site-packages", "dist-packages")
 _PROBES_DIR = os.path.dirname(os.path.abspath(__file__))
+_EMULATION_FILE = os.path.abspath(cuda_autocast.__file__)
 
 
 def user_source() -> str | None:
@@ -114,8 +116,11 @@ def _library_file(filename: str) -> tuple[str, str] | None:
 
 
 def is_probe_file(filename: str) -> bool:
-    """A file of the tracer's own (this folder): its frames are never the caller."""
-    return os.path.dirname(os.path.abspath(filename)) == _PROBES_DIR
+    """A file of the tracer's own (this folder), or the kernels that emulate CUDA's
+    autocast on the CPU (they sit between the user's call and the op): their frames are
+    never the caller."""
+    path = os.path.abspath(filename)
+    return os.path.dirname(path) == _PROBES_DIR or path == _EMULATION_FILE
 
 
 def display_path(filename: str) -> str:

@@ -13,6 +13,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from nandoctor.localize import ops
 from nandoctor.report.evidence import Producer
 
+_CAST = torch.ops.aten._to_copy.default
+
 
 @dataclass(frozen=True)
 class Made:
@@ -35,6 +37,12 @@ class Provenance:
     ) -> None:
         phase, module, source, _ = where
         inputs = tuple((n, self._made.get(t)) for n, t in ops.named_tensors(func, args, kwargs))
+        if func is _CAST and inputs and inputs[0][1] is not None:
+            # NB: an autocast cast (softmax's input taken to float32, as CUDA autocast
+            # does) is not who made the values: the copy keeps its input's maker
+            for t in out:
+                self._made[t] = inputs[0][1]
+            return
         scalars = tuple(ops.scalars_text(func, args, kwargs))
         made = Made(ops.op_name(func), module, source, phase.value, inputs, scalars)
         for t in out:

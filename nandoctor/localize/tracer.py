@@ -125,7 +125,8 @@ class Tracer(Probe):
         for path, t in named_tensors(ctx.batch):
             if _has_nonfinite(t):
                 tensor = f"input:{path or 'batch'}"
-                self.origin = finding_of(Phase.INPUT, None, None, tensor, t, None)
+                found = finding_of(Phase.INPUT, None, None, tensor, t, None)
+                self.origin = self._stamped(found)
                 return
 
     def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
@@ -147,7 +148,7 @@ class Tracer(Probe):
         if first is None:
             role, t = bad[0]
             owner = _owner(role) if ":" in role and role != "output" else None
-            self.origin = finding_of(phase, owner, None, role, t, None)
+            self.origin = self._stamped(finding_of(phase, owner, None, role, t, None))
         else:
             self.origin = first.finding
         reached = frozenset() if first is None else frozenset({first.seq})
@@ -215,7 +216,12 @@ class Tracer(Probe):
             producers=self.provenance.producers(func, args, kwargs) if full else [],
             recompute=ops.recompute_float32(func, args, kwargs, index) if full else None,
         )
-        return replace(found, evidence=evidence)
+        return self._stamped(replace(found, evidence=evidence))
+
+    def _stamped(self, found: Finding) -> Finding:
+        """The finding, with the micro-batch under way (gradient accumulation)."""
+        micro = self.ctx.micro_batch if self.ctx is not None else None
+        return found if micro is None else replace(found, micro_batch=micro)
 
     def _role(self, phase: Phase, t: torch.Tensor) -> str:
         if phase in (Phase.FORWARD, Phase.LOSS):

@@ -45,6 +45,8 @@ class Environment:
     dtype: str
     grad_scaler: bool
     threads: int
+    autocast_policy: str = "native"  # cuda: CUDA's cast lists emulated | native: the device's
+    data_sharding: str | None = None  # distributed: self | sampler | by-position
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class FirstNonfinite:
     count_nonfinite: int | None = None
     source: str | None = None
     reproduced: bool | None = None
+    micro_batch: int | None = None  # with grad_accum_steps > 1: the batch within the step
     frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
 
 

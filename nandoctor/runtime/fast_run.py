@@ -54,7 +54,10 @@ def fast_run(
     sentinel = Sentinel(session, ranks=session.ranks, thorough=thorough, recheck=recheck)
     recorder = Recorder(result, store=store, on_step=on_step)
     try:
-        with Probes(sentinel, *([probe] if probe is not None else [])) as probes:
+        with (
+            session.autocast_scope(),
+            Probes(sentinel, *([probe] if probe is not None else [])) as probes,
+        ):
             for step, batch in itertools.islice(batches or session.batches, steps):
                 if deadline is not None and time.perf_counter() > deadline:
                     result.status = "timeout"

@@ -65,6 +65,7 @@ class StepContext:
     # NB: the loss scale the gradients still carry when BACKWARD ends: None where the step
     # unscaled them first (`run_step`); a user's loop unscales after backward, if ever
     grad_scale: torch.Tensor | None = None
+    micro_batch: int | None = None  # gradient accumulation: the micro-batch under way
 
     @property
     def phase(self) -> Phase | None:

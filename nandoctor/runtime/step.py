@@ -8,6 +8,9 @@ The step is the loop users write, with the order that matters spelled out::
     scaler.unscale_(optimizer)       # always before clipping: clip the true gradients
     clip_grad_norm_(params, max)     # only when the config asks for it
     scaler.step(optimizer); scaler.update(); scheduler.step()
+
+With `grad_accum_steps: N`, the first three lines run once per micro-batch, the loss
+divided by N, and `unscale_` and clipping once, after the last.
 """
 
 from __future__ import annotations
@@ -20,39 +23,60 @@ from typing import Any
 import torch
 
 from nandoctor.errors import ConfigError, user_code
+from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import to_device
+from nandoctor.setup.data import MicroBatches
 from nandoctor.setup.session import Session
 
 
 def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepContext:
+    """One optimizer step; a `MicroBatches` batch (gradient accumulation) runs input, loss
+    and backward once per micro-batch, each loss divided by their number, then unscales,
+    clips and steps once (`ctx.micro_batch` says which one is under way)."""
+    parts = batch.batches if isinstance(batch, MicroBatches) else (batch,)
     ctx = StepContext(session, step, batch)
     probe.step_started(ctx)
+    session.optimizer.zero_grad(set_to_none=True)
+    for index, part in enumerate(parts):
+        ctx.micro_batch = index if isinstance(batch, MicroBatches) else None
+        _forward_backward(session, ctx, probe, part, last=index == len(parts) - 1)
+    with _phase(ctx, probe, Phase.OPTIMIZER):
+        _optimizer_step(session, ctx)
+    probe.step_ended(ctx)
+    return ctx
+
+
+def _forward_backward(
+    session: Session, ctx: StepContext, probe: Probe, batch: Any, *, last: bool
+) -> None:
     with _phase(ctx, probe, Phase.INPUT):
         ctx.batch = to_device(batch, session.device)
-    session.optimizer.zero_grad(set_to_none=True)
     with (
         _phase(ctx, probe, Phase.LOSS),
         _forward_phases(ctx, probe, session.model),
         session.autocast(),
     ):
-        with user_code(f"loss (step {step})"):
+        with user_code(f"loss (step {ctx.step})"):
             loss = session.loss_fn(session.train_model or session.model, ctx.batch)
         ctx.loss = _checked_loss(loss)
     with _phase(ctx, probe, Phase.BACKWARD):
-        _backward(session, ctx)
-    with _phase(ctx, probe, Phase.OPTIMIZER):
-        _optimizer_step(session, ctx)
-    probe.step_ended(ctx)
+        _backward(session, ctx, last=last)
     ctx.output = None  # NB: drop the graph's outputs now, not when ctx goes away
-    return ctx
 
 
-def _backward(session: Session, ctx: StepContext) -> None:
+def _backward(session: Session, ctx: StepContext, *, last: bool) -> None:
+    """Backpropagate this (micro-)batch's share of the loss; after the last, unscale and
+    clip the accumulated gradients once. Until then they still carry the loss scale."""
     assert ctx.loss is not None
-    scaler = session.scaler
+    scaler, parts = session.scaler, session.config.grad_accum_steps
+    loss = ctx.loss / parts if parts > 1 else ctx.loss
     with user_code(f"backward (step {ctx.step})"):
-        (scaler.scale(ctx.loss) if scaler else ctx.loss).backward()
+        (scaler.scale(loss) if scaler else loss).backward()
+    if not last:
+        ctx.grad_scale = amp.scale_tensor(scaler)
+        return
+    ctx.grad_scale = None
     if scaler is not None:
         scaler.unscale_(session.optimizer)
     max_norm = session.config.clip_grad_norm

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,12 +21,28 @@ import torch
 from nandoctor.errors import ConfigError, user_code
 
 
-class BatchStream:
-    """Yields `(step, batch)` from `start_step`, cycling epochs of the user's data."""
+@dataclass(frozen=True)
+class MicroBatches:
+    """The batches of one optimizer step under gradient accumulation (`grad_accum_steps`):
+    batch i of the stream is micro-batch i % N of step i // N."""
 
-    def __init__(self, make: Callable[[], Iterable[Any]], seed: int, start_step: int = 0):
+    batches: tuple[Any, ...]
+
+
+class BatchStream:
+    """Yields `(step, batch)` from `start_step`, cycling epochs of the user's data; with
+    `accum` > 1, each step's batch is a `MicroBatches` of `accum` consecutive batches."""
+
+    def __init__(
+        self,
+        make: Callable[[], Iterable[Any]],
+        seed: int,
+        start_step: int = 0,
+        accum: int = 1,
+    ):
         self._make = make
         self._start_step = start_step
+        self._accum = accum
         self._torch_state = torch.Generator().manual_seed(seed).get_state()
         self._py_state = random.Random(seed).getstate()
         self._first: Iterable[Any] | None = None
@@ -40,9 +57,22 @@ class BatchStream:
         return self._first
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        step, epoch = self._start_step, 0
+        if self._accum == 1:
+            yield from enumerate(self._batches(), self._start_step)
+            return
+        group: list[Any] = []
+        for index, batch in enumerate(self._batches()):
+            group.append(batch)
+            if len(group) == self._accum:
+                yield self._start_step + index // self._accum, MicroBatches(tuple(group))
+                group = []
+
+    def _batches(self) -> Iterator[Any]:
+        """Every batch of every epoch, in order."""
+        epoch = 0
         while True:
             source = self.first_epoch() if epoch == 0 else self._epoch_source()
+            _set_epoch(source, epoch)
             iterator = self._private_rng(lambda: iter(source))  # noqa: B023
             empty = True
             while True:
@@ -50,8 +80,7 @@ class BatchStream:
                 if batch is _END:
                     break
                 empty = False
-                yield step, batch
-                step += 1
+                yield batch
             if empty:
                 which = "the first epoch" if epoch == 0 else f"epoch {epoch + 1}"
                 raise ConfigError(f"data: yielded no batches in {which}")
@@ -81,6 +110,13 @@ class BatchStream:
 
 
 _END = object()
+
+
+def _set_epoch(source: Any, epoch: int) -> None:
+    """A DistributedSampler shuffles by its epoch: set it, as the job's loop does."""
+    sampler = getattr(source, "sampler", None)
+    if isinstance(sampler, torch.utils.data.DistributedSampler):
+        sampler.set_epoch(epoch)
 
 
 def _is_iterable(obj: Any) -> bool:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nandoctor.errors import ConfigError
 from nandoctor.setup.schema import DistributedConfig
+from nandoctor.setup.sharding import Sharder
 
 
 def under_launcher() -> bool:
@@ -54,6 +54,7 @@ class Ranks:
         self._local_bad = torch.zeros((), dtype=torch.bool, device=device)
         self._noted = False  # gradients were seen before they were combined, this step
         self.sharded = False  # FSDP (`setup.fsdp`): each rank holds a shard of each parameter
+        self.data_sharding: str | None = None  # self | sampler | by-position, once sharded
 
     def wrap(self, model: torch.nn.Module) -> DistributedDataParallel:
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -92,29 +93,20 @@ class Ranks:
     def shard(
         self, make: Callable[..., Any], kwargs: dict[str, Any]
     ) -> Callable[[], Iterable[Any]]:
-        """The user's data callable, sharded: by its own `rank`/`world_size` parameters when
-        it has them, a DistributedSampler for a map-style DataLoader, else every Nth batch."""
+        """The user's data callable, as this rank sees it in the job: by its own `rank` and
+        `world_size` parameters when it has them, else as `setup.sharding` decides (the
+        data is split only when it is the same on every rank)."""
         if _accepts(make, "rank", "world_size"):
+            self.data_sharding = "self"
             return lambda: make(**kwargs, rank=self.rank, world_size=self.world_size)
-        return lambda: self._split(make(**kwargs))
+        sharder = Sharder(self.rank, self.world_size, self.gather_objects)
 
-    def _split(self, data: Any) -> Iterable[Any]:
-        loader = torch.utils.data.DataLoader
-        if isinstance(data, loader) and hasattr(data.dataset, "__getitem__") and data.batch_size:
-            shuffle = isinstance(data.sampler, torch.utils.data.RandomSampler)
-            sampler: torch.utils.data.DistributedSampler = torch.utils.data.DistributedSampler(
-                data.dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle
-            )
-            return loader(
-                data.dataset,
-                batch_size=data.batch_size,
-                sampler=sampler,
-                num_workers=data.num_workers,
-                collate_fn=data.collate_fn,
-                pin_memory=data.pin_memory,
-                drop_last=data.drop_last,
-            )
-        return _EveryNth(data, self.rank, self.world_size)
+        def build() -> Iterable[Any]:
+            data = sharder.split(make(**kwargs))
+            self.data_sharding = sharder.how
+            return data
+
+        return build
 
 
 def leave() -> None:
@@ -131,16 +123,6 @@ def _check_then_allreduce(state, bucket):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     return allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
-
-
-class _EveryNth:
-    """Batch i goes to rank i % world_size; re-iterable when the data is."""
-
-    def __init__(self, data: Iterable[Any], rank: int, world_size: int) -> None:
-        self.data, self.rank, self.world_size = data, rank, world_size
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.data), self.rank, None, self.world_size)
 
 
 def join(config: DistributedConfig, device_name: str) -> Ranks | None:

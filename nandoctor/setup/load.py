@@ -38,11 +38,14 @@ class LoadedConfig:
         return self.path.resolve().parent
 
     def with_overrides(self, **changes: object) -> LoadedConfig:
-        """A copy with command-line options applied (`dtype=` reaches into `precision`)."""
+        """A copy with command-line options applied (`dtype=` and `autocast_policy=` reach
+        into `precision`)."""
         updates = {k: v for k, v in changes.items() if v is not None}
-        if "dtype" in updates:
-            precision = self.config.precision.model_copy(update={"dtype": updates.pop("dtype")})
-            updates["precision"] = precision
+        inner: dict[str, object] = {
+            k: updates.pop(k) for k in ("dtype", "autocast_policy") if k in updates
+        }
+        if inner:
+            updates["precision"] = self.config.precision.model_copy(update=inner)
         return LoadedConfig(self.config.model_copy(update=updates), self.path)
 
 

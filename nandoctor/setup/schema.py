@@ -110,6 +110,10 @@ class Precision(_Section):
     )
     grad_scaler: bool | None = Field(None, description="default: true for float16, false otherwise")
     init_scale: Number = 65536.0
+    autocast_policy: Literal["cuda", "native"] = Field(
+        "cuda",
+        description="cuda: CUDA's autocast cast lists on any device | native: the device's own",
+    )
 
     @property
     def use_grad_scaler(self) -> bool:
@@ -185,6 +189,9 @@ class Config(_Section):
         None, description="unscale_ then clip_grad_norm_ to this max norm"
     )
     steps: Count = Field(500, le=MAX_STEPS, description="optimizer steps to replay; epochs cycle")
+    grad_accum_steps: Count = Field(
+        1, description="micro-batches per optimizer step, each loss divided by it"
+    )
     device: DeviceName = "auto"
     seed: Annotated[int, BeforeValidator(_not_a_bool)] = Field(0, ge=0, lt=2**32)
     snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy)

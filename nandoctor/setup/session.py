@@ -7,10 +7,11 @@ start from the same weights and see the same batches.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from nandoctor.errors import ConfigError, user_code
 from nandoctor.setup import checkpoint as ckpt
-from nandoctor.setup import distributed, fsdp
+from nandoctor.setup import cuda_autocast, distributed, fsdp
 from nandoctor.setup.data import BatchStream
 from nandoctor.setup.devices import check_dtype_supported, resolve_device
 from nandoctor.setup.distributed import Ranks
@@ -61,8 +62,30 @@ class Session:
     def clip_grad_norm(self) -> float | None:
         return self.config.clip_grad_norm
 
-    def autocast(self) -> torch.autocast:
-        return torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32)
+    @property
+    def autocast_policy(self) -> str:
+        """Whose autocast lists the forward runs under: `cuda` or the device's (`native`)."""
+        return self.config.precision.autocast_policy
+
+    @property
+    def emulates_cuda_autocast(self) -> bool:
+        """CUDA's lists are emulated where autocast is the CPU's (on CUDA they are native)."""
+        return (
+            self.autocast_policy == "cuda"
+            and self.device.type == "cpu"
+            and self.dtype != torch.float32
+        )
+
+    def autocast_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Keeps the emulation of CUDA's lists installed, when there is one, until exit: a
+        run enters it once around all its steps, so each step's autocast costs nothing."""
+        return cuda_autocast.emulated() if self.emulates_cuda_autocast else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        enabled = self.dtype != torch.float32
+        with self.autocast_scope(), torch.autocast(self.device.type, self.dtype, enabled=enabled):
+            yield
 
 
 def build_session(loaded: LoadedConfig) -> Session:
@@ -88,7 +111,8 @@ def build_session(loaded: LoadedConfig) -> Session:
             state = replace(state, optimizer=fsdp.shard_optimizer_state(optimizer, state.optimizer))
         ckpt.restore_training_state(state, optimizer, scaler)
     start = state.step if state is not None else 0
-    stream = BatchStream(_data_source(config, base, ranks), config.seed, start)
+    source = _data_source(config, base, ranks)
+    stream = BatchStream(source, config.seed, start, accum=config.grad_accum_steps)
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
     parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
     session = Session(config, loaded.path, *parts)
