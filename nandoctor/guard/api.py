@@ -160,6 +160,13 @@ class Guard:
         else:  # NB: never mask the user's own exception with ours
             self._detach()
 
+    def note_batch(self, batch: Any) -> None:
+        """In the `with` form, the next step's batch as the loop holds it (labels too):
+        checked as that step's input. Callbacks of frameworks call it; a plain loop needs
+        not, its model's inputs are checked anyway."""
+        if self._hooked is not None:
+            self._hooked.name_batch(batch)
+
     def _hooked_step(self, ctx: StepContext) -> None:
         self._next = ctx.step + 1
         self._judge()

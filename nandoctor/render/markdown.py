@@ -14,6 +14,7 @@ Same facts as the JSON and the terminal; nothing is computed here.
 from __future__ import annotations
 
 from nandoctor.causes import catalog
+from nandoctor.causes.snippets import for_run
 from nandoctor.causes.words import plural
 from nandoctor.render.origin import library_frames, transient_text
 from nandoctor.render.sparkline import sparkline
@@ -63,7 +64,7 @@ def render_markdown(report: Report) -> str:
     lines = [_title(report), "", report.summary, ""]
     lines += _environment(report)
     lines += _where(report)
-    lines += _causes(report.causes)
+    lines += _causes(report.causes, report.environment.grad_scaler)
     lines += _gate(report)
     lines += _curves(report)
     if report.notes:
@@ -122,7 +123,7 @@ def _transients(report: Report) -> list[str]:
     return [*out, ""]
 
 
-def _causes(causes: list[Cause]) -> list[str]:
+def _causes(causes: list[Cause], grad_scaler: bool = True) -> list[str]:
     if not causes:
         return []
     out = ["### Why, best first", ""]
@@ -135,7 +136,7 @@ def _causes(causes: list[Cause]) -> list[str]:
                 f"   - **{VERIFIED[cause.verified]}**: {cause.verification or ''}".rstrip(": ")
             )
         if rank == 1:
-            out += _snippet(cause.id)
+            out += _snippet(cause.id, grad_scaler)
     return [*out, ""]
 
 
@@ -150,10 +151,11 @@ def _gate(report: Report) -> list[str]:
     return [*out, ""]
 
 
-def _snippet(cause_id: str) -> list[str]:
+def _snippet(cause_id: str, grad_scaler: bool) -> list[str]:
     info = catalog.get(cause_id)
     block = ["", "   <details><summary>before / after</summary>", ""]
-    for label, code in (("before", info.before), ("after", info.after)):
+    before, after = for_run(info.before, info.after, grad_scaler)
+    for label, code in (("before", before), ("after", after)):
         block += [f"   {label}:", "", "   ```python"]
         block += [f"   {line}" for line in code.splitlines()]
         block += ["   ```", ""]

@@ -99,7 +99,7 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     where = origin_block(report)
     if where is not None:
         body.append(where)
-    why = causes_block(report.causes)
+    why = causes_block(report.causes, grad_scaler=report.environment.grad_scaler)
     if why is not None:
         body.append(why)
     if report.ranks:
