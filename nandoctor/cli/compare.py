@@ -12,6 +12,7 @@ from nandoctor.cli.app import app, handles_errors
 from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
 from nandoctor.compare import engine
+from nandoctor.render import tensorboard
 from nandoctor.render.compare import render_comparison
 from nandoctor.render.junit import render_comparison_junit
 from nandoctor.render.markdown import render_comparison_markdown
@@ -42,6 +43,7 @@ def compare(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
+    tensorboard_dir: str | None = options.TensorBoard,
 ) -> Outcome:
     """Replay the same batches under the config's dtype and each --dtype, side by side."""
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
@@ -49,6 +51,8 @@ def compare(
     options.check_outputs(outputs)
     if plot_path:
         require_matplotlib()
+    if tensorboard_dir:
+        tensorboard.require_tensorboard()
     loaded = load_config(config).with_overrides(steps=steps, device=device, seed=seed)
     console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
 
@@ -70,6 +74,8 @@ def compare(
             progress[-1].__exit__(None, None, None)
     render_comparison(console, comparison, quiet=quiet)
     write_outputs(comparison, outputs)
+    if tensorboard_dir:
+        tensorboard.write_comparison(comparison, tensorboard_dir)
     return of_comparison(comparison)
 
 

@@ -17,6 +17,7 @@ from nandoctor.cli.output import write_text
 from nandoctor.diagnose import engine
 from nandoctor.gate.baseline import read_baseline
 from nandoctor.gate.check import Tolerances
+from nandoctor.render import tensorboard
 from nandoctor.render.junit import render_junit
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.terminal import StepProgress, print_header, render_report
@@ -59,10 +60,14 @@ def diagnose(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
+    tensorboard_dir: str | None = options.TensorBoard,
+    fail_on_divergence: bool = options.FailOnDivergence,
 ) -> Outcome:
     """Replay the run, stop at the first non-finite step, and say where and why."""
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
+    if tensorboard_dir:
+        tensorboard.require_tensorboard()
     loaded = load_config(config).with_overrides(steps=steps, device=device, dtype=dtype, seed=seed)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():
@@ -91,7 +96,9 @@ def diagnose(
         return Outcome()
     render_report(console, report, quiet=quiet)
     write_reports(report, outputs)
-    return of_report(report)
+    if tensorboard_dir:
+        tensorboard.write_report(report, tensorboard_dir)
+    return of_report(report, fail_on_divergence)
 
 
 def run_with_progress(

@@ -10,6 +10,7 @@ from nandoctor.cli.app import app, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
 from nandoctor.cli.outcome import Outcome, of_watch
 from nandoctor.errors import UsageError
+from nandoctor.render import tensorboard
 from nandoctor.render.terminal import render_report
 from nandoctor.watch import runner
 
@@ -40,6 +41,8 @@ def watch(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
+    tensorboard_dir: str | None = options.TensorBoard,
+    fail_on_divergence: bool = options.FailOnDivergence,
 ) -> Outcome:
     """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
     own exit code."""
@@ -47,6 +50,8 @@ def watch(
         raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
     outputs = {"--json": json_path, "--markdown": markdown_path}
     options.check_outputs(outputs)
+    if tensorboard_dir:
+        tensorboard.require_tensorboard()
     # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
     console = Console(stderr=True, highlight=False)
 
@@ -61,4 +66,6 @@ def watch(
     watched = runner.watch(list(command), opts, on_replay=on_replay)
     render_report(console, watched.report, quiet=quiet)
     write_reports(watched.report, outputs)
-    return of_watch(watched.report, watched.command_code)
+    if tensorboard_dir:
+        tensorboard.write_report(watched.report, tensorboard_dir)
+    return of_watch(watched.report, watched.command_code, fail_on_divergence)

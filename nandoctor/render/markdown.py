@@ -19,6 +19,7 @@ from nandoctor.causes.words import plural
 from nandoctor.render.origin import library_frames, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
+from nandoctor.report.divergence import divergence_text, divergences
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Cause, Report
 
@@ -172,4 +173,5 @@ def _curves(report: Report) -> list[str]:
         "|---|---|",
         f"| loss | `{sparkline(t.loss, 40)}` |",
         f"| grad norm | `{sparkline(t.grad_norm, 40, log=True)}` |",
+        *[f"| divergence | {divergence_text(e)} |" for e in divergences(report.events)],
     ]

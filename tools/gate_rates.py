@@ -1,0 +1,122 @@
+"""Measure the baseline gate's false alarms and catches, and the divergence rule's, on
+real runs (the numbers docs/ci.md quotes).
+
+    python tools/gate_rates.py OUT [--steps 150]      # runs, then prints the table
+    python tools/gate_rates.py OUT --table            # the table from runs already in OUT
+
+Healthy variants of each shipped healthy config (other seeds, learning rates 0.3x-3x)
+must pass the gate against the config's own baseline (seed 0, its own lr): each failure
+is a false alarm. Regressions must fail it: one layer's weights doubled (the layer with
+the largest activations), and the same layer scaled until its peak doubles against
+float16's limit ("headroom halved"). Each run is one `diagnose` with the health probe,
+saved as a report in OUT, so the table can be recomputed as the rule changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from nandoctor.diagnose import engine  # noqa: E402
+from nandoctor.gate.check import Tolerances, gate_of  # noqa: E402
+from nandoctor.report.divergence import divergences  # noqa: E402
+from nandoctor.report.types import Report  # noqa: E402
+from nandoctor.setup.load import load_config  # noqa: E402
+
+CONFIGS = ("seed-fixed", "attention-masked-ok")
+HEALTHY = [(seed, lr) for seed in (0, 1, 2) for lr in (1.0, 3.0)] + [(0, 0.3), (1, 10.0)]
+REGRESSIONS = ("weights-doubled", "first-layer-doubled")
+
+
+def run(config: str, seed: int, lr_scale: float, regression: str | None, steps: int) -> Report:
+    loaded = load_config(REPO / "configs" / f"{config}.yaml")
+    optimizer = loaded.config.optimizer
+    scaled = optimizer.model_copy(update={"lr": optimizer.model_extra["lr"] * lr_scale})
+    loaded = loaded.with_overrides(steps=steps, seed=seed, optimizer=scaled)
+    options = engine.DiagnoseOptions(verify=False, measure_health=True, gate=False)
+
+    def on_session(session) -> None:
+        if regression is not None:
+            _break(session.model, regression)
+
+    return engine.diagnose(loaded, options, on_session=on_session)
+
+
+def _break(model: torch.nn.Module, regression: str) -> None:
+    """Double the weights of one layer with parameters: the last (weights-doubled) or
+    the first (first-layer-doubled) Linear layer."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    layer = linears[-1] if regression == "weights-doubled" else linears[0]
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+
+
+def cases() -> list[tuple[str, int, float, str | None]]:
+    out: list[tuple[str, int, float, str | None]] = []
+    for config in CONFIGS:
+        out += [(config, seed, lr, None) for seed, lr in HEALTHY]
+        out += [(config, 0, 1.0, r) for r in REGRESSIONS]
+    return out
+
+
+def name(config: str, seed: int, lr: float, regression: str | None) -> str:
+    return f"{config}-seed{seed}-lr{lr:g}" + (f"-{regression}" if regression else "")
+
+
+def table(out: Path, tol: Tolerances) -> str:
+    rows = ["| run | status | divergence | gate | failed checks |", "|---|---|---|---|---|"]
+    alarms = catches = healthy = broken = diverged = 0
+    for config, seed, lr, regression in cases():
+        path = out / f"{name(config, seed, lr, regression)}.json"
+        base = out / f"{name(config, 0, 1.0, None)}.json"
+        if not path.exists() or not base.exists():
+            continue
+        report, baseline = (Report.from_dict(json.loads(p.read_text())) for p in (path, base))
+        assert report.health is not None and baseline.health is not None
+        gate = gate_of(report.health, report.environment.dtype, tol, baseline.health, "base")
+        failed = [c.name for c in gate.checks if not c.passed] if gate else []
+        if not report.healthy:
+            failed.append("non-finite")
+        div = bool(divergences(report.events))
+        if regression is None:
+            healthy += 1
+            alarms += bool(failed)
+            diverged += div
+        else:
+            broken += 1
+            catches += bool(failed)
+        verdict = "fail" if failed else "pass"
+        cells = [path.stem, report.status, "yes" if div else "no", verdict, ", ".join(failed)]
+        rows.append("| " + " | ".join(cells) + " |")
+    rows.append("")
+    rows.append(f"false alarms: {alarms} of {healthy} healthy runs")
+    rows.append(f"divergence events on healthy runs: {diverged}")
+    rows.append(f"catches: {catches} of {broken} regressions")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--table", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        for case in cases():
+            path = args.out / f"{name(*case)}.json"
+            if not path.exists():
+                path.write_text(run(*case, steps=args.steps).to_json())
+                print("ran", path.stem, flush=True)
+    print(table(args.out, Tolerances()))
+
+
+if __name__ == "__main__":
+    main()
