@@ -4,11 +4,15 @@ real runs (the numbers docs/ci.md quotes).
     python tools/gate_rates.py OUT [--steps 150]      # runs, then prints the table
     python tools/gate_rates.py OUT --table            # the table from runs already in OUT
 
-Healthy variants of each shipped healthy config (other seeds, learning rates 0.3x-3x)
-must pass the gate against the config's own baseline (seed 0, its own lr): each failure
-is a false alarm. Regressions must fail it: one layer's weights doubled (the layer with
-the largest activations), and the same layer scaled until its peak doubles against
-float16's limit ("headroom halved"). Each run is one `diagnose` with the health probe,
+Variants of each shipped healthy config (other seeds, learning rates 0.3x-10x) are run
+against the config's own baseline (seed 0, its own lr). A variant that stays finite and
+trains about as well (final loss at most 1.5x the baseline's) is *healthy*: the gate
+must pass it, and each failure is a false alarm. A variant that stays finite but trains
+worse is *stressed*: listed with what the gate said, counted in neither rate.
+Regressions must fail it: one layer's weights doubled once, before training (the last or
+the first Linear layer), and a change that keeps the first Linear layer's output doubled
+(or 8x) every step, as a lost scaling factor does ("headroom-halved", "headroom-8x").
+Each run is one `diagnose` with the health probe,
 saved as a report in OUT, so the table can be recomputed as the rule changes.
 """
 
@@ -26,13 +30,13 @@ sys.path.insert(0, str(REPO))
 
 from nandoctor.diagnose import engine  # noqa: E402
 from nandoctor.gate.check import Tolerances, gate_of  # noqa: E402
-from nandoctor.report.divergence import divergences  # noqa: E402
+from nandoctor.report.divergence import divergence_events  # noqa: E402
 from nandoctor.report.types import Report  # noqa: E402
 from nandoctor.setup.load import load_config  # noqa: E402
 
 CONFIGS = ("seed-fixed", "attention-masked-ok")
 HEALTHY = [(seed, lr) for seed in (0, 1, 2) for lr in (1.0, 3.0)] + [(0, 0.3), (1, 10.0)]
-REGRESSIONS = ("weights-doubled", "first-layer-doubled")
+REGRESSIONS = ("weights-doubled", "first-layer-doubled", "headroom-halved", "headroom-8x")
 
 
 def run(config: str, seed: int, lr_scale: float, regression: str | None, steps: int) -> Report:
@@ -50,9 +54,11 @@ def run(config: str, seed: int, lr_scale: float, regression: str | None, steps: 
 
 
 def _break(model: torch.nn.Module, regression: str) -> None:
-    """Double the weights of one layer with parameters: the last (weights-doubled) or
-    the first (first-layer-doubled) Linear layer."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if regression.startswith("headroom"):
+        factor = 8.0 if regression == "headroom-8x" else 2.0
+        linears[0].register_forward_hook(lambda _m, _i, out: out * factor)
+        return
     layer = linears[-1] if regression == "weights-doubled" else linears[0]
     with torch.no_grad():
         layer.weight.mul_(2.0)
@@ -71,7 +77,10 @@ def name(config: str, seed: int, lr: float, regression: str | None) -> str:
 
 
 def table(out: Path, tol: Tolerances) -> str:
-    rows = ["| run | status | divergence | gate | failed checks |", "|---|---|---|---|---|"]
+    rows = [
+        "| run | kind | final loss | divergence | gate | failed checks |",
+        "|---|---|---|---|---|---|",
+    ]
     alarms = catches = healthy = broken = diverged = 0
     for config, seed, lr, regression in cases():
         path = out / f"{name(config, seed, lr, regression)}.json"
@@ -80,26 +89,38 @@ def table(out: Path, tol: Tolerances) -> str:
             continue
         report, baseline = (Report.from_dict(json.loads(p.read_text())) for p in (path, base))
         assert report.health is not None and baseline.health is not None
-        gate = gate_of(report.health, report.environment.dtype, tol, baseline.health, "base")
+        env = report.environment
+        gate = gate_of(report.health, env.dtype, tol, baseline.health, "b", env.grad_scaler)
         failed = [c.name for c in gate.checks if not c.passed] if gate else []
         if not report.healthy:
             failed.append("non-finite")
-        div = bool(divergences(report.events))
-        if regression is None:
+        div = bool(divergence_events(report.telemetry))  # NB: the rule as it is now
+        final, base_final = report.health.final_loss, baseline.health.final_loss
+        kind = _kind(report, regression, final, base_final)
+        if kind == "healthy":
             healthy += 1
             alarms += bool(failed)
             diverged += div
-        else:
+        elif kind == "regression":
             broken += 1
             catches += bool(failed)
         verdict = "fail" if failed else "pass"
-        cells = [path.stem, report.status, "yes" if div else "no", verdict, ", ".join(failed)]
+        loss = f"{final:.3g}" if final is not None else "-"
+        cells = [path.stem, kind, loss, "yes" if div else "no", verdict, ", ".join(failed)]
         rows.append("| " + " | ".join(cells) + " |")
     rows.append("")
     rows.append(f"false alarms: {alarms} of {healthy} healthy runs")
     rows.append(f"divergence events on healthy runs: {diverged}")
     rows.append(f"catches: {catches} of {broken} regressions")
     return "\n".join(rows)
+
+
+def _kind(report: Report, regression: str | None, final, base_final) -> str:
+    if regression is not None:
+        return "regression"
+    if not report.healthy or final is None or base_final is None:
+        return "stressed"
+    return "healthy" if final <= 1.5 * base_final else "stressed"
 
 
 def main() -> None:

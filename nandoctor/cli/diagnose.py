@@ -51,10 +51,21 @@ def diagnose(
         min=0,
         help="Largest fraction of 65504 allowed (default 0.5, float16 runs).",
     ),
-    max_activation_growth: float = typer.Option(DEFAULTS.max_activation_growth, min=1),
-    max_gradient_growth: float = typer.Option(DEFAULTS.max_gradient_growth, min=1),
+    max_activation_growth: float | None = typer.Option(
+        DEFAULTS.max_activation_growth, min=1, help="Opt-in: per-module activation peak growth."
+    ),
+    max_gradient_growth: float | None = typer.Option(
+        DEFAULTS.max_gradient_growth, min=1, help="Opt-in: per-module gradient and p90 growth."
+    ),
     skip_streak_margin: int = typer.Option(DEFAULTS.skip_streak_margin, min=0),
-    max_loss_increase: float = typer.Option(DEFAULTS.max_loss_increase, min=0),
+    max_loss_increase: float | None = typer.Option(
+        DEFAULTS.max_loss_increase, min=0, help="Opt-in: relative final-loss increase."
+    ),
+    max_headroom_loss: float = typer.Option(
+        DEFAULTS.max_headroom_loss,
+        min=1,
+        help="A module's peak over the baseline's, where it is above 1/64 of the dtype's range.",
+    ),
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", min=1, help="Data-parallel processes (torchrun's launcher)."
     ),
@@ -80,6 +91,7 @@ def diagnose(
         max_gradient_growth,
         skip_streak_margin,
         max_loss_increase,
+        max_headroom_loss=max_headroom_loss,
     )
     settings = engine.DiagnoseOptions(
         verify=not no_verify,
