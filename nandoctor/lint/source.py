@@ -96,11 +96,8 @@ class Source:
         (a module-level binding of its own, `F = 3`, still shadows them)."""
         found = collect_imports(self.nodes)
         module_names = self._index.bindings.get(self.tree, frozenset())
-        used = {
-            n.id
-            for n in self.nodes_of(ast.Name)
-            if n.id in CONVENTIONAL and n.id not in module_names  # type: ignore[attr-defined]
-        }
+        names = (n.id for n in self.nodes_of(ast.Name) if isinstance(n, ast.Name))
+        used = {n for n in names if n in CONVENTIONAL and n not in module_names}
         return with_conventional(found, used)
 
     @cached_property
