@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from nandoctor.render.causes import causes_block
@@ -59,7 +66,8 @@ def describe_run(session: Session) -> str:
 
 
 class StepProgress:
-    """A progress bar over steps showing the live loss; a no-op when quiet."""
+    """A progress bar over steps showing the live loss, the time so far and the time left;
+    a no-op when quiet."""
 
     def __init__(self, console: Console, total: int, enabled: bool = True) -> None:
         self.enabled = enabled and console.is_terminal
@@ -69,6 +77,8 @@ class StepProgress:
             BarColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),  # NB: from the mean step time so far
             console=console,
             transient=True,
         )
