@@ -44,7 +44,8 @@ def _or_dash(value: object, fmt: str = "{}") -> str:
 
 
 def _headroom(run: CompareRun) -> str:
-    if not run.headroom:
+    """Only where the dtype can overflow: bfloat16 and float32 reach 3.4e38."""
+    if not run.headroom or run.dtype != "float16":
         return "-"
     top = run.headroom[0]
     return f"{top.peak_fraction:.0%} in `{top.module or '(root)'}`"
