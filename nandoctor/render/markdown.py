@@ -13,10 +13,9 @@ Same facts as the JSON and the terminal; nothing is computed here.
 
 from __future__ import annotations
 
-from nandoctor.causes import catalog
-from nandoctor.causes.snippets import for_run
 from nandoctor.causes.words import plural
-from nandoctor.render.origin import library_frames, transient_text
+from nandoctor.render.causes import snippet_pair
+from nandoctor.render.origin import library_frames, source_line, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
 from nandoctor.report.divergence import divergence_text, divergences
@@ -66,7 +65,9 @@ def render_markdown(report: Report) -> str:
     lines = [_title(report), "", report.summary, ""]
     lines += _environment(report)
     lines += _where(report)
-    lines += _causes(report.causes, report.environment.grad_scaler)
+    first = report.first_nonfinite
+    line = source_line(first.source) if first is not None else None
+    lines += _causes(report.causes, report.environment.grad_scaler, line)
     lines += _gate(report)
     lines += _curves(report)
     if report.notes:
@@ -125,7 +126,7 @@ def _transients(report: Report) -> list[str]:
     return [*out, ""]
 
 
-def _causes(causes: list[Cause], grad_scaler: bool = True) -> list[str]:
+def _causes(causes: list[Cause], grad_scaler: bool = True, line: str | None = None) -> list[str]:
     if not causes:
         return []
     out = ["### Why, best first", ""]
@@ -138,7 +139,7 @@ def _causes(causes: list[Cause], grad_scaler: bool = True) -> list[str]:
                 f"   - **{VERIFIED[cause.verified]}**: {cause.verification or ''}".rstrip(": ")
             )
         if rank == 1:
-            out += _snippet(cause.id, grad_scaler)
+            out += _snippet(cause.id, grad_scaler, line)
     return [*out, ""]
 
 
@@ -153,10 +154,9 @@ def _gate(report: Report) -> list[str]:
     return [*out, ""]
 
 
-def _snippet(cause_id: str, grad_scaler: bool) -> list[str]:
-    info = catalog.get(cause_id)
+def _snippet(cause_id: str, grad_scaler: bool, line: str | None) -> list[str]:
     block = ["", "   <details><summary>before / after</summary>", ""]
-    before, after = for_run(info.before, info.after, grad_scaler)
+    before, after = snippet_pair(cause_id, grad_scaler, line)
     for label, code in (("before", before), ("after", after)):
         block += [f"   {label}:", "", "   ```python"]
         block += [f"   {line}" for line in code.splitlines()]

@@ -33,7 +33,7 @@ from rich.progress import (
 from rich.table import Table
 
 from nandoctor.render.causes import causes_block
-from nandoctor.render.origin import origin_block
+from nandoctor.render.origin import origin_block, source_line
 from nandoctor.render.sparkline import column, sparkline
 from nandoctor.report.divergence import divergence_text, divergences
 from nandoctor.report.telemetry import skips_text
@@ -110,7 +110,9 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     where = origin_block(report)
     if where is not None:
         body.append(where)
-    why = causes_block(report.causes, grad_scaler=report.environment.grad_scaler)
+    first = report.first_nonfinite
+    line = source_line(first.source) if first is not None else None
+    why = causes_block(report.causes, grad_scaler=report.environment.grad_scaler, line=line)
     if why is not None:
         body.append(why)
     if report.ranks:
