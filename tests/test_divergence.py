@@ -98,8 +98,8 @@ def regression(lr: float) -> dict:
 
 
 def test_a_finite_explosion_carries_a_divergence_event_and_can_fail_ci(project, tmp_path):
-    """SGD at lr 0.5 on least squares: the loss grows ~10x a step, finite for 40 steps."""
-    config = project(regression(0.5), REGRESSION)
+    """SGD at lr 0.8 on least squares: the loss grows ~2x a step, finite for 40 steps."""
+    config = project(regression(0.8), REGRESSION)
     out = tmp_path / "r.json"
     result = runner.invoke(app, ["diagnose", str(config), "-q", "--json", str(out)])
     assert result.exit_code == 0, result.output

@@ -57,7 +57,8 @@ def figure(comparison: Comparison) -> Any:
     ax = dict(zip(panels, axes, strict=True))
     for i, run in enumerate(runs):
         colour, (line, marker) = PALETTE[i % len(PALETTE)], STYLES[i % len(STYLES)]
-        style = {"color": colour, "linestyle": line, "marker": marker, "label": run.dtype}
+        style: dict[str, Any] = {"color": colour, "linestyle": line, "marker": marker}
+        style["label"] = run.dtype
         style["markevery"] = max(1, len(run.telemetry.step) // 12)
         style["markersize"] = 4
         t = run.telemetry

@@ -111,8 +111,8 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     if where is not None:
         body.append(where)
     first = report.first_nonfinite
-    line = source_line(first.source) if first is not None else None
-    why = causes_block(report.causes, grad_scaler=report.environment.grad_scaler, line=line)
+    own = source_line(first.source) if first is not None else None
+    why = causes_block(report.causes, grad_scaler=report.environment.grad_scaler, line=own)
     if why is not None:
         body.append(why)
     if report.ranks:
