@@ -66,6 +66,18 @@ def test_guard_step_catches_an_input_nan_at_its_exact_step():
     assert guard.report is report
 
 
+def test_in_a_jupyter_cell_the_guard_and_its_error_show_the_report():
+    model, optimizer, batches, train_step = tiny_loop(nan_at=3)
+    guard = Guard(model, optimizer)
+    guarded(guard, train_step, batches[:2])
+    assert guard._repr_markdown_() == "**nandoctor Guard**: watching; 2 finite steps so far."
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(guard, train_step, batches[2:])
+    shown = guard._repr_markdown_()
+    assert shown == render_markdown(guard.report) == caught.value._repr_markdown_()
+    assert "non-finite at step 3" in shown
+
+
 def test_the_error_carries_a_report_every_renderer_and_the_json_read():
     model, optimizer, batches, train_step = tiny_loop(nan_at=2)
     with pytest.raises(NonFiniteError) as caught:

@@ -1,5 +1,6 @@
 """A CI job: record a baseline on a healthy run, gate later runs on it; a change that
-doubles one layer's weights fails the gate and names that layer, before any NaN."""
+doubles one layer's weights where float16 has little range left fails the gate and names
+that layer, before any NaN; the same change far from the limit passes."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from nandoctor.gate.baseline import read_baseline
 from tests.conftest import base_config
 
 runner = CliRunner()
+GAIN = 100.0  # fc1's weights scaled: activations in the thousands, a few % of 65504
 
 SCALED = """
 import torch
 from torch import nn
 
 
-def build_model(double=None):
+def build_model(double=None, gain=1.0):
     torch.manual_seed(0)
     model = nn.Sequential()
     model.add_module("fc1", nn.Linear(8, 16))
@@ -27,16 +29,22 @@ def build_model(double=None):
     model.add_module("fc2", nn.Linear(16, 16))
     model.add_module("act2", nn.ReLU())
     model.add_module("head", nn.Linear(16, 3))
-    if double:
-        with torch.no_grad():
+    with torch.no_grad():
+        model.fc1.weight.mul_(gain)  # NB: large activations: float16's range matters
+        if double:
             getattr(model, double).weight.mul_(2.0)
     return model
 """
 
 
-def config(project, tmp_path, **model_args):
+def config(project, tmp_path, fp16=False, **model_args):
     (tmp_path / "scaled.py").write_text(SCALED)
-    return project(base_config(model="scaled.py:build_model", model_args=model_args, steps=12))
+    precision = {"dtype": "float16", "grad_scaler": True} if fp16 else {"dtype": "float32"}
+    return project(
+        base_config(
+            model="scaled.py:build_model", model_args=model_args, steps=12, precision=precision
+        )
+    )
 
 
 def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
@@ -64,10 +72,19 @@ def test_the_same_run_passes_its_baseline(project, tmp_path):
     assert result.exit_code == 0, result.output
 
 
-def test_doubling_one_layer_fails_the_gate_naming_it(project, tmp_path):
-    out, junit = tmp_path / "b.json", tmp_path / "junit.xml"
+def test_doubling_one_layer_far_from_the_limit_passes(project, tmp_path):
+    out = tmp_path / "b.json"
     runner.invoke(app, ["baseline", str(config(project, tmp_path)), "--out", str(out), "-q"])
     changed = config(project, tmp_path, double="fc2")
+    result = runner.invoke(app, ["diagnose", str(changed), "--baseline", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+
+
+def test_doubling_one_layer_near_the_float16_limit_fails_the_gate_naming_it(project, tmp_path):
+    out, junit = tmp_path / "b.json", tmp_path / "junit.xml"
+    base = config(project, tmp_path, fp16=True, gain=GAIN)
+    runner.invoke(app, ["baseline", str(base), "--out", str(out), "-q"])
+    changed = config(project, tmp_path, fp16=True, gain=GAIN, double="fc2")
     result = runner.invoke(
         app,
         [
@@ -86,11 +103,11 @@ def test_doubling_one_layer_fails_the_gate_naming_it(project, tmp_path):
     report = json.loads(result.stdout)
     assert report["status"] == "healthy"  # no NaN: a regression caught before it
     failed = [c for c in report["gate"]["checks"] if not c["passed"]]
-    assert failed[0]["name"] == "activation growth" and failed[0]["message"].startswith(
-        "fc2 (Linear)"
+    assert failed[0]["name"] == "headroom loss" and failed[0]["message"].startswith(
+        "fc2 (Linear) activations peaked at"
     )
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
-    assert cases["activation growth"].find("failure").get("message").startswith("fc2 (Linear)")
+    assert cases["headroom loss"].find("failure").get("message").startswith("fc2 (Linear)")
 
 
 def test_an_unhealthy_run_writes_no_baseline(project, tmp_path):

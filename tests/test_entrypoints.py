@@ -68,6 +68,16 @@ def test_missing_attribute_names_it(user_dir):
         resolve("train.py:nothing", "model", user_dir)
 
 
+def test_a_typo_gets_a_did_you_mean_in_the_users_own_terms(user_dir):
+    with pytest.raises(ConfigError) as info:
+        resolve("train.py:build_modle", "model", user_dir)
+    assert info.value.message == (
+        "model: 'train.py:build_modle': train.py has no attribute 'build_modle'; "
+        "did you mean 'build_model'?"
+    )
+    assert "_nandoctor_user" not in str(info.value)
+
+
 def test_an_import_inside_the_user_module_failing_is_the_users_error(user_dir):
     add_python_path(user_dir, ["src"])
     with pytest.raises(UserCodeError) as info:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
+import os
 import sys
 
 import pytest
@@ -181,6 +183,163 @@ def test_transformers_callback_can_stop_gracefully(tmp_path, capsys):
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("nandoctor: training stopped at step 3 (non-finite values): ")
     assert line.endswith(f"report written to {path}")
+
+
+# -- a NaN label and a learning rate far too high, in both frameworks ------------------------
+class Regressor(nn.Module):
+    """MSE on float labels; records, per forward, whether its labels were finite and its
+    loss, so a test knows the bad step from the model's side (the Trainer shuffles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.finite_labels: list[bool] = []
+        self.losses: list[float] = []
+
+    def forward(self, x, labels):
+        out = self.net(x).squeeze(-1)
+        loss = F.mse_loss(out, labels)
+        self.finite_labels.append(bool(torch.isfinite(labels).all()))
+        self.losses.append(loss.item())
+        return {"loss": loss, "logits": out}
+
+
+def regression_data(n: int = 64, nan_label: int | None = None) -> list[dict]:
+    torch.manual_seed(0)
+    data = [{"x": torch.randn(8), "labels": torch.randn(())} for _ in range(n)]
+    if nan_label is not None:
+        data[nan_label]["labels"] = torch.tensor(float("nan"))
+    return data
+
+
+def rendered(report: Report) -> str:
+    """The terminal and Markdown reports, as a user reads them."""
+    from rich.console import Console
+
+    from nandoctor.render.markdown import render_markdown
+    from nandoctor.render.terminal import render_report
+
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))  # noqa: SIM115
+    render_report(console, report)
+    return console.export_text() + render_markdown(report)
+
+
+def first_bad_loss(model: Regressor) -> int:
+    return next(i for i, loss in enumerate(model.losses) if not math.isfinite(loss))
+
+
+def assert_reads_well(report: Report) -> None:
+    text = rendered(report)
+    assert "None" not in text, text
+    assert f"step {report.first_nonfinite.step}" in text
+
+
+def assert_no_scaler_lines(report: Report) -> None:
+    """A run without a GradScaler is never shown code that calls one."""
+    assert not report.environment.grad_scaler
+    text = rendered(report)
+    assert not any(call in text for call in ("scaler.scale(", "scaler.step(", "scaler.update("))
+
+
+def hf_regression(tmp_path, data, lr: float, optim: str = "adamw_torch"):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from nandoctor.integrations.transformers import NandoctorCallback
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=30,
+        per_device_train_batch_size=4,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        optim=optim,
+        max_grad_norm=0.0,  # NB: the Trainer clips at 1.0 by default, which tames any lr
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    model = Regressor()
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=data, callbacks=[NandoctorCallback()]
+    )
+    with pytest.raises(NonFiniteError) as caught:
+        trainer.train()
+    return model, caught.value.report
+
+
+def test_transformers_nan_label_is_the_input_of_its_step(tmp_path):
+    model, report = hf_regression(tmp_path, regression_data(nan_label=13), lr=1e-3)
+    bad_step = model.finite_labels.index(False)  # the Trainer shuffled: ask the model
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (bad_step, "input")
+    assert report.causes[0].id == "nonfinite-input"
+    assert_reads_well(report)
+
+
+def test_transformers_learning_rate_too_high_fails_at_the_overflowing_loss(tmp_path):
+    model, report = hf_regression(tmp_path, regression_data(), lr=1.0, optim="sgd")
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (
+        first_bad_loss(model),
+        "loss",
+    )
+    assert first_bad_loss(model) > 1, "finite steps first: the run diverged, not a bad batch"
+    assert report.causes[0].id in ("learning-rate-too-high", "exploding-gradients")
+    assert_reads_well(report)
+    assert_no_scaler_lines(report)
+
+
+def lightning_regression(lr: float, nan_label: int | None = None):
+    pl = pytest.importorskip("lightning.pytorch")
+    from nandoctor.integrations.lightning import NandoctorCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Regressor()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(batch["x"], batch["labels"])["loss"]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+    module = Module()
+    loader = torch.utils.data.DataLoader(regression_data(nan_label=nan_label), batch_size=8)
+    trainer = pl.Trainer(
+        max_epochs=5,
+        callbacks=[NandoctorCallback()],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(NonFiniteError) as caught:
+        trainer.fit(module, loader)
+    return module.model, caught.value.report
+
+
+def test_lightning_nan_label_is_the_input_of_its_step():
+    """`training_step` calls the network on `x` alone: the label is seen in the batch the
+    callback hands to the guard (`on_train_batch_start`)."""
+    model, report = lightning_regression(lr=0.01, nan_label=3 * 8 + 5)
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (3, "input")
+    assert model.finite_labels.index(False) == 3
+    assert report.causes[0].id == "nonfinite-input"
+    assert_reads_well(report)
+
+
+def test_lightning_learning_rate_too_high_fails_at_the_overflowing_loss():
+    model, report = lightning_regression(lr=10.0)
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (
+        first_bad_loss(model),
+        "loss",
+    )
+    assert first_bad_loss(model) > 1
+    assert report.causes[0].id in ("learning-rate-too-high", "exploding-gradients")
+    assert_reads_well(report)
+    assert_no_scaler_lines(report)
 
 
 # -- the one line, without a framework --------------------------------------------------

@@ -126,3 +126,40 @@ def test_a_message_gives_remedy_and_reason():
     assert finding.message.startswith("Use `F.log_softmax`")
     assert "from line 2" in finding.message
     assert "-inf" in finding.message
+
+
+TWO_LOOPS = """\
+import torch
+scaler = torch.amp.GradScaler()
+for x, y in warmup_loader:
+    scaler.scale(model(x, y)).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+for x, y in loader:
+    scaler.scale(model(x, y)).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_missing_clipping_is_judged_per_loop():
+    assert ids(TWO_LOOPS) == [(11, "exploding-gradients")]
+
+
+def test_a_loop_that_clips_through_a_helper_of_the_file_is_clipped():
+    helper = "def clip_and_step():\n    torch.nn.utils.clip_grad_norm_(params, 1.0)\n"
+    text = TWO_LOOPS.replace("    scaler.step(opt)\n    scaler.update()\n", "", 1)
+    text = helper + text.replace(
+        "    scaler.scale(model(x, y)).backward()\n    scaler.step",
+        "    scaler.scale(model(x, y)).backward()\n    clip_and_step()\n    scaler.step",
+    )
+    assert "exploding-gradients" not in {i for _, i in ids(text)}
+
+
+def test_a_gradient_hook_bounds_every_loop():
+    text = (
+        TWO_LOOPS + "for p in model.parameters():\n    p.register_hook(lambda g: g.clamp(-1, 1))\n"
+    )
+    assert ids(text) == []

@@ -91,8 +91,21 @@ def test_a_coding_cookie_is_honoured(tmp_path):
     assert lint_paths([path]).skipped == ()
 
 
-def test_files_that_never_import_torch_are_not_checked():
+def test_files_that_never_mention_torch_are_not_checked():
     assert lint_text("p = softmax(x)\ny = log(p)\nz = x.softmax(-1).log()\n").findings == ()
+
+
+def test_a_pasted_snippet_without_imports_is_checked_with_the_conventional_names():
+    snippet = "p = F.softmax(logits, -1)\nloss = torch.log(p).mean()\n"
+    assert [(f.line, f.id) for f in lint_text(snippet).findings] == [(2, "log-of-softmax")]
+
+
+def test_folders_of_notebooks_are_searched(tmp_path):
+    write(tmp_path, "nb/explore.ipynb", "{}")
+    write(tmp_path, "nb/.ipynb_checkpoints/explore-checkpoint.ipynb", "{}")
+    result = lint_paths([tmp_path / "nb"])
+    assert result.files_checked == 1
+    assert [s.path.endswith("explore.ipynb") for s in result.skipped] == [True]
 
 
 def test_suppression_by_id_and_for_all():

@@ -49,6 +49,10 @@ def resolve(code: str, expression: str) -> str | None:
         ("from torch import *\nsoftmax(x)", "softmax", "torch.softmax"),
         ("import numpy as np\nnp.log(x)", "np.log", "numpy.log"),
         ("import math\nmath.log(x)", "math.log", "math.log"),
+        # a pasted snippet or notebook cell: the conventional names, never imported
+        ("x = torch.log(y)", "torch.log", "torch.log"),
+        ("F.softmax(x)", "F.softmax", "torch.nn.functional.softmax"),
+        ("nn.functional.softmax(x)", "nn.functional.softmax", "torch.nn.functional.softmax"),
     ],
 )
 def test_imports_resolve(code, expression, qualified):
@@ -62,7 +66,6 @@ def test_imports_resolve(code, expression, qualified):
         ("from torch import log\ndef f(log):\n    return log(y)", "log"),
         ("from torch import log\ndef f():\n    log = print\n    log(y)", "log"),
         ("probs.log()", "probs.log"),
-        ("x = torch.log(y)", "torch.log"),  # no import, no torch
         ("from .utils import log\nlog(x)", "log"),  # relative: the user's own module
     ],
 )
@@ -101,3 +104,15 @@ def test_exclusive_branches():
     assert src.exclusive(f, g)
     assert not src.exclusive(f, h)
     assert not src.exclusive(g, h)
+
+
+@pytest.mark.parametrize(
+    ("code", "expression"),
+    [
+        ("import jax.nn as F\nF.softmax(x)", "F.softmax"),  # an import of its own wins
+        ("F = make_functions()\nF.softmax(x)", "F.softmax"),  # a module-level binding too
+        ("def f(nn):\n    return nn.softmax(x)", "nn.softmax"),  # and a parameter
+    ],
+)
+def test_conventional_names_never_override_the_files_own(code, expression):
+    assert resolve(code, expression) in (None, "jax.nn.softmax")

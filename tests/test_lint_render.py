@@ -89,7 +89,7 @@ def test_terminal_heuristics_are_marked():
 
 def test_terminal_clean_and_empty():
     assert render(LintResult((), (), 3, 0)) == "No problems in 3 files checked.\n"
-    assert render(LintResult((), (), 0, 0)) == "No Python files found.\n"
+    assert render(LintResult((), (), 0, 0)) == "No Python files or notebooks found.\n"
 
 
 def test_json_report():

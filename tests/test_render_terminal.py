@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from nandoctor.render.terminal import quiet_lines, render_report
+from nandoctor.render.terminal import StepProgress, quiet_lines, render_report
 from nandoctor.report.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
 from nandoctor.report.types import (
     Environment,
@@ -163,3 +163,13 @@ def test_healed_values_are_shown_when_the_failure_was_not_reproduced(tmp_path):
     text = render(report)
     assert "aten.log.default in enc.0 at train.py:3 (forward, -inf)" in text
     assert "op      " not in text
+
+
+def test_the_progress_bar_shows_the_time_left():
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    progress = StepProgress(console, total=10)
+    bar = progress._progress
+    bar.update(progress._task, completed=5, loss="0.5")
+    console.print(bar.make_tasks_table(bar.tasks))
+    line = console.file.getvalue()
+    assert "5/10" in line and "loss 0.5" in line and "eta" in line

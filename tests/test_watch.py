@@ -136,3 +136,17 @@ def test_a_rerun_that_fails_elsewhere_keeps_the_first_verdict_and_says_why(tmp_p
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"], first["reproduced"]) == (3, "input", False)
     assert any("not deterministic" in note for note in report["notes"])
+
+
+def test_tensorboard_and_fail_on_divergence_are_watch_options_too(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tb"
+    script = str(SCRIPTS / "healthy.py")
+    options = ("--tensorboard", str(logdir), "--fail-on-divergence")
+    code, report = watch(tmp_path, PY, script, "0", "5", options=options)
+    assert code == 0 and report["status"] == "healthy"  # no divergence in a healthy run
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("nandoctor/loss")] == [0, 1, 2, 3, 4]

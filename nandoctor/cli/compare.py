@@ -41,10 +41,12 @@ def compare(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
+    tensorboard_dir: str | None = options.TensorBoard,
 ) -> Outcome:
     """Replay the same batches under the config's dtype and each --dtype, side by side."""
     # NB: imported here, so that --help stays free of torch
     from nandoctor.compare import engine
+    from nandoctor.render import tensorboard
     from nandoctor.render.compare import render_comparison
     from nandoctor.render.plot import require_matplotlib
     from nandoctor.render.terminal import StepProgress
@@ -56,6 +58,8 @@ def compare(
     options.check_outputs(outputs)
     if plot_path:
         require_matplotlib()
+    if tensorboard_dir:
+        tensorboard.require_tensorboard()
     loaded = load_config(config).with_overrides(
         steps=steps, device=device, seed=seed, autocast_policy=autocast_policy
     )
@@ -86,6 +90,8 @@ def compare(
         return Outcome()
     render_comparison(console, comparison, quiet=quiet)
     write_outputs(comparison, outputs)
+    if tensorboard_dir:
+        tensorboard.write_comparison(comparison, tensorboard_dir)
     return of_comparison(comparison)
 
 

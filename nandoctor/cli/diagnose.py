@@ -52,26 +52,42 @@ def diagnose(
         min=0,
         help="Largest fraction of 65504 allowed (default 0.5, float16 runs).",
     ),
-    max_activation_growth: float = typer.Option(DEFAULTS.max_activation_growth, min=1),
-    max_gradient_growth: float = typer.Option(DEFAULTS.max_gradient_growth, min=1),
+    max_activation_growth: float | None = typer.Option(
+        DEFAULTS.max_activation_growth, min=1, help="Opt-in: per-module activation peak growth."
+    ),
+    max_gradient_growth: float | None = typer.Option(
+        DEFAULTS.max_gradient_growth, min=1, help="Opt-in: per-module gradient and p90 growth."
+    ),
     skip_streak_margin: int = typer.Option(DEFAULTS.skip_streak_margin, min=0),
-    max_loss_increase: float = typer.Option(DEFAULTS.max_loss_increase, min=0),
+    max_loss_increase: float | None = typer.Option(
+        DEFAULTS.max_loss_increase, min=0, help="Opt-in: relative final-loss increase."
+    ),
+    max_headroom_loss: float = typer.Option(
+        DEFAULTS.max_headroom_loss,
+        min=1,
+        help="A module's peak over the baseline's, where it is above 1/64 of the dtype's range.",
+    ),
     nproc_per_node: int | None = typer.Option(
         None, "--nproc-per-node", min=1, help="Data-parallel processes (torchrun's launcher)."
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
+    tensorboard_dir: str | None = options.TensorBoard,
+    fail_on_divergence: bool = options.FailOnDivergence,
 ) -> Outcome:
     """Replay the run, stop at the first non-finite step, and say where and why."""
     # NB: imported here, so that --help stays free of torch (SPEC: --help in 0.5 s)
     from nandoctor.diagnose import engine
     from nandoctor.gate.baseline import read_baseline
+    from nandoctor.render import tensorboard
     from nandoctor.render.terminal import render_report
     from nandoctor.setup import distributed
     from nandoctor.setup.load import load_config
 
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
+    if tensorboard_dir:
+        tensorboard.require_tensorboard()
     loaded = load_config(config).with_overrides(
         steps=steps, device=device, dtype=dtype, seed=seed, autocast_policy=autocast_policy
     )
@@ -87,6 +103,7 @@ def diagnose(
         max_gradient_growth,
         skip_streak_margin,
         max_loss_increase,
+        max_headroom_loss=max_headroom_loss,
     )
     settings = engine.DiagnoseOptions(
         verify=not no_verify,
@@ -107,7 +124,9 @@ def diagnose(
         return Outcome()
     render_report(console, report, quiet=quiet)
     write_reports(report, outputs)
-    return of_report(report)
+    if tensorboard_dir:
+        tensorboard.write_report(report, tensorboard_dir)
+    return of_report(report, fail_on_divergence)
 
 
 def launch_ranks(nproc: int) -> Outcome:

@@ -115,3 +115,11 @@ TimeBudget = typer.Option(
 )
 Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")
 Debug = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")
+TensorBoard = typer.Option(
+    None, "--tensorboard", help="Write the per-step telemetry here as TensorBoard scalars."
+)
+FailOnDivergence = typer.Option(
+    False,
+    "--fail-on-divergence",
+    help="Exit 1 when the loss or gradient norm diverged, even if every value stayed finite.",
+)

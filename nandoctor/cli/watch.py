@@ -42,10 +42,13 @@ def watch(
     ),
     quiet: bool = options.Quiet,
     debug: bool = options.Debug,
+    tensorboard_dir: str | None = options.TensorBoard,
+    fail_on_divergence: bool = options.FailOnDivergence,
 ) -> Outcome:
     """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
     own exit code."""
     # NB: imported here, so that --help stays free of torch
+    from nandoctor.render import tensorboard
     from nandoctor.render.terminal import render_report
     from nandoctor.watch import runner
 
@@ -56,6 +59,8 @@ def watch(
     files = {f"command's file {a}": Path(a) for a in command if Path(a).is_file()}
     for option, path in outputs.items():
         check_not_input(path, option, files)
+    if tensorboard_dir:
+        tensorboard.require_tensorboard()
     # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
     console = Console(stderr=True, highlight=False)
 
@@ -75,4 +80,6 @@ def watch(
     watched = runner.watch(list(command), opts, on_replay=on_replay)
     render_report(console, watched.report, quiet=quiet)
     write_reports(watched.report, outputs)
-    return of_watch(watched.report, watched.command_code)
+    if tensorboard_dir:
+        tensorboard.write_report(watched.report, tensorboard_dir)
+    return of_watch(watched.report, watched.command_code, fail_on_divergence)

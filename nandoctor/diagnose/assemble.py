@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from nandoctor.diagnose.summary import replay_notes, summarize
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
+from nandoctor.report.divergence import divergence_events, merge_events
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import Health
@@ -70,7 +71,7 @@ def assemble(findings: Findings) -> Report:
         summary=summarize(status, f.result, f.located),
         first_nonfinite=first_nonfinite(f.result, f.located),
         causes=list(f.causes),
-        events=f.result.events,
+        events=merge_events(f.result.events, divergence_events(f.result.telemetry)),
         telemetry=f.result.telemetry,
         evidence=evidence_of(f.located),
         transients=f.located.transients if f.located is not None else [],

@@ -191,6 +191,7 @@ def _gate_of(findings: Findings, options: DiagnoseOptions) -> Gate | None:
         options.tolerances,
         baseline,
         options.baseline_path,
+        grad_scaler=findings.environment.grad_scaler,
     )
 
 

@@ -54,7 +54,7 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
 
 def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
     """What the reader should know about how `diagnose` ran the session."""
-    notes = []
+    notes = list(session.notes)  # what building it noticed (numeric strings read as numbers)
     if session.config.device == "auto" and session.device.type == "cpu":
         notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
     native = session.autocast_policy == "native"

@@ -33,6 +33,7 @@ from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.errors import ExitCode, NandoctorError, UsageError
 from nandoctor.localize.replay import Localization, localize, localize_failure
+from nandoctor.render.markdown import render_markdown
 from nandoctor.report.types import Report
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
@@ -61,6 +62,10 @@ class NonFiniteError(NandoctorError):
         hint = f"{top.id}: {top.fix}" if top is not None else None
         super().__init__(f"non-finite values in training: {report.summary}", hint=hint)
         self.report = report
+
+    def _repr_markdown_(self) -> str:
+        """Jupyter shows the report when the error is the cell's value (`err`)."""
+        return render_markdown(self.report)
 
 
 class Guard:
@@ -159,6 +164,20 @@ class Guard:
             self.close()
         else:  # NB: never mask the user's own exception with ours
             self._detach()
+
+    def _repr_markdown_(self) -> str:
+        """In a Jupyter cell, `guard` shows its report (Markdown), or that it is watching."""
+        if self.report is not None:
+            return render_markdown(self.report)
+        steps = self.result.steps_completed
+        return f"**nandoctor Guard**: watching; {steps} finite step{'s' * (steps != 1)} so far."
+
+    def note_batch(self, batch: Any) -> None:
+        """In the `with` form, the next step's batch as the loop holds it (labels too):
+        checked as that step's input. Callbacks of frameworks call it; a plain loop needs
+        not, its model's inputs are checked anyway."""
+        if self._hooked is not None:
+            self._hooked.name_batch(batch)
 
     def _hooked_step(self, ctx: StepContext) -> None:
         self._next = ctx.step + 1

@@ -59,6 +59,12 @@ class NandoctorCallback(pl.Callback):
             self._guard.run.note_optimizer(optimizer)
         self._guard.__enter__()
 
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any
+    ) -> None:
+        if self._guard is not None:
+            self._guard.note_batch(batch)  # NB: labels too; training_step may not pass them
+
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         if self._guard is not None and self._guard.report is not None:
             self.report = self._guard.report

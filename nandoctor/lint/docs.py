@@ -39,7 +39,16 @@ Each check is tied to a cause id of [causes.md](causes.md), which explains the n
 behind it. Names are resolved through imports (`import torch.nn.functional as F`,
 `from torch import log`, `from torch.nn.functional import softmax as sm`), so an alias does
 not hide a finding and a `log` of your own, `math.log` or `np.log` does not raise one.
-Files that never import torch are read but not checked.
+A snippet that never shows its imports (a pasted loop, a notebook cell) still means torch
+by `torch`, `nn` and `F`, unless the file imports or assigns those names itself. Files that
+never mention torch are read but not checked.
+
+Jupyter notebooks (`*.ipynb`) are linted too: their code cells, in order, as one module
+(the imports of one cell hold in the next). IPython lines (`%magic`, `!shell`, `x = !ls`,
+`name?`) are skipped, and a cell that starts with a cell magic (`%%bash`, `%%time`) is not
+checked. A finding names its cell, counted from 1 with markdown cells included, and the
+line inside it: `explore.ipynb:cell 3:12:8: error[log-of-softmax] ...`. A notebook that is
+not valid JSON, or a cell with a syntax error, is reported as not linted and fails the run.
 
 ## Usage
 
@@ -48,9 +57,9 @@ nandoctor lint PATH... [--select ID,...] [--ignore ID,...] [--fail-on error|warn
                        [--json PATH|-] [--sarif PATH|-] [--quiet] [--debug]
 ```
 
-- `PATH`: files (linted whatever their suffix) or folders, searched recursively for
-  `*.py`; hidden folders, `venv`, `.venv`, `__pycache__`, `site-packages` and
-  `node_modules` are skipped.
+- `PATH`: files (linted whatever their suffix; `.ipynb` read as a notebook) or folders,
+  searched recursively for `*.py` and `*.ipynb`; hidden folders, `venv`, `.venv`,
+  `__pycache__`, `site-packages` and `node_modules` are skipped.
 - `--select`, `--ignore`: check ids, comma-separated or repeated.
 - `--fail-on`: the lowest severity that makes the exit code 1 (default `warning`).
 - `--json PATH`, `--sarif PATH`: write the findings as JSON or SARIF 2.1.0 (`-` is stdout;

@@ -6,11 +6,14 @@
 
 A file that does not decode or parse becomes a `Skipped` entry with the line of the error;
 a check that raises on some odd file becomes one too (naming the check), never a crash.
-Files that never import torch are read but not checked: the checks speak torch only.
+Files that never mention torch are read but not checked: the checks speak torch only.
+A notebook's code cells are linted as one module (`lint.notebook`), each finding placed
+back in its cell (`notebook.ipynb:cell 3:12:5`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tokenize
 from collections.abc import Sequence
@@ -20,6 +23,7 @@ from pathlib import Path
 from nandoctor.lint.config import LintConfig
 from nandoctor.lint.files import discover, display_path
 from nandoctor.lint.findings import Finding, LintResult, Skipped
+from nandoctor.lint.notebook import Notebook, NotebookError, is_notebook, read_notebook
 from nandoctor.lint.registry import Check, Hit, all_checks
 from nandoctor.lint.source import Source
 from nandoctor.lint.suppress import parse_suppressions
@@ -37,7 +41,8 @@ def lint_paths(paths: Sequence[str | Path], config: LintConfig | None = None) ->
     files = discover(paths, config.exclude, config.root)
     outcomes = [lint_file(path, config) for path in files]
     findings = sorted(
-        (f for o in outcomes for f in o.findings), key=lambda f: (f.path, f.line, f.column, f.id)
+        (f for o in outcomes for f in o.findings),
+        key=lambda f: (f.path, f.cell or 0, f.line, f.column, f.id),
     )
     return LintResult(
         findings=tuple(findings),
@@ -49,6 +54,8 @@ def lint_paths(paths: Sequence[str | Path], config: LintConfig | None = None) ->
 
 def lint_file(path: Path, config: LintConfig) -> FileOutcome:
     shown = display_path(path)
+    if is_notebook(path):
+        return lint_notebook(path, shown, config)
     try:
         text = _read(path)
     except (OSError, UnicodeDecodeError, SyntaxError) as e:
@@ -69,6 +76,39 @@ def lint_text(text: str, path: str = "<string>", config: LintConfig | None = Non
     if not src.imports_torch:
         return FileOutcome()
     return _run_checks(src, config)
+
+
+def lint_notebook(path: Path, shown: str, config: LintConfig) -> FileOutcome:
+    """The code cells as one module; each finding and syntax error placed in its cell."""
+    try:
+        notebook = read_notebook(path)
+    except (OSError, NotebookError) as e:
+        return FileOutcome(skipped=(Skipped(shown, f"cannot read: {e}"),))
+    outcome = lint_text(notebook.text, shown, config)
+    return FileOutcome(
+        findings=tuple(_in_cell(f, notebook) for f in outcome.findings),
+        suppressed=outcome.suppressed,
+        skipped=tuple(_skipped_in_cell(s, notebook) for s in outcome.skipped),
+    )
+
+
+def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
+    cell, line = notebook.where(finding.line)
+    end_cell, end_line = notebook.where(finding.end_line)
+    return dataclasses.replace(
+        finding,
+        cell=cell,
+        line=line,
+        end_line=end_line if end_cell == cell else line,
+        code=notebook.original(finding.line),
+    )
+
+
+def _skipped_in_cell(skipped: Skipped, notebook: Notebook) -> Skipped:
+    if skipped.line is None:
+        return skipped
+    cell, line = notebook.where(skipped.line)
+    return dataclasses.replace(skipped, cell=cell, line=line)
 
 
 def _run_checks(src: Source, config: LintConfig) -> FileOutcome:

@@ -1,9 +1,10 @@
 """Which files `nandoctor lint PATH...` reads.
 
 A file named on the command line is always read (whatever its suffix). A folder is
-searched recursively for `*.py`, skipping hidden folders and the usual homes of other
-people's code (virtual environments, `site-packages`, `node_modules`, `__pycache__`) and
-paths matching the config's `exclude` globs. A PATH that does not exist is a usage error.
+searched recursively for `*.py` and Jupyter notebooks (`*.ipynb`), skipping hidden folders
+(`.ipynb_checkpoints` too) and the usual homes of other people's code (virtual
+environments, `site-packages`, `node_modules`, `__pycache__`) and paths matching the
+config's `exclude` globs. A PATH that does not exist is a usage error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from nandoctor.errors import UsageError
 
+LINTED_SUFFIXES = (".py", ".ipynb")
 SKIPPED_FOLDERS = frozenset({"venv", ".venv", "__pycache__", "site-packages", "node_modules"})
 
 
@@ -42,7 +44,7 @@ def _walk(folder: Path, exclude: Sequence[str], root: Path) -> Iterator[Path]:
         )
         for name in filenames:
             path = here / name
-            if name.endswith(".py") and not _excluded(path, exclude, root):
+            if name.endswith(LINTED_SUFFIXES) and not _excluded(path, exclude, root):
                 yield path
 
 

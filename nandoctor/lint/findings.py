@@ -45,6 +45,13 @@ class Finding:
     message: str  # what is wrong here, and what to do, in one breath
     code: str  # the source line `line`, for the caret display
     heuristic: bool = False  # True: a pattern that is often fine (severity info)
+    cell: int | None = None  # a notebook's cell (1-based); `line` then counts in the cell
+
+    @property
+    def where(self) -> str:
+        """`train.py:9:26` or `notebook.ipynb:cell 3:12:5`."""
+        cell = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{self.path}:{cell}{self.line}:{self.column}"
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class Skipped:
     reason: str
     line: int | None = None
     column: int | None = None
+    cell: int | None = None  # a notebook's cell (1-based); `line` then counts in the cell
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ import ast
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+# The names every tutorial and pasted snippet uses without showing its imports: a
+# notebook cell or a loop copied from a post still means torch by `torch`, `nn` and `F`.
+CONVENTIONAL = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional"}
+
 # Qualified names whose value is +inf (`-math.inf` is how many scripts write -inf).
 INF_NAMES = frozenset({"math.inf", "numpy.inf", "numpy.Inf", "numpy.infty", "torch.inf"})
 
@@ -59,6 +63,15 @@ def collect_imports(nodes: Iterable[ast.AST]) -> Imports:
                     aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     _add_assigned_aliases(nodes, aliases)
     return Imports(aliases=aliases, star_modules=tuple(stars))
+
+
+def with_conventional(imports: Imports, used: Iterable[str]) -> Imports:
+    """`imports` plus `CONVENTIONAL` names the file uses but never imports or binds itself
+    at module level (`used` are such names); an import of its own always wins."""
+    extra = {n: CONVENTIONAL[n] for n in used if n in CONVENTIONAL and n not in imports.aliases}
+    if not extra:
+        return imports
+    return Imports(aliases={**imports.aliases, **extra}, star_modules=imports.star_modules)
 
 
 def _add_assigned_aliases(nodes: list[ast.AST], aliases: dict[str, str]) -> None:

@@ -16,12 +16,21 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from nandoctor.lint.index import FUNCTIONS, SCOPES, Index, build_index
-from nandoctor.lint.names import Imports, alias_targets, collect_imports
+from nandoctor.lint.names import (
+    CONVENTIONAL,
+    Imports,
+    alias_targets,
+    collect_imports,
+    with_conventional,
+)
 
 if TYPE_CHECKING:
     from nandoctor.lint.flow import Flow
 
 __all__ = ["FUNCTIONS", "SCOPES", "Source", "Span", "contains", "position"]
+
+
+_MENTIONS_TORCH = re.compile(r"\btorch\b|\b(?:nn|F)\.")
 
 
 @dataclass(frozen=True)
@@ -83,11 +92,18 @@ class Source:
 
     @cached_property
     def imports(self) -> Imports:
-        return collect_imports(self.nodes)
+        """The file's imports, plus `torch`, `nn` and `F` when a snippet uses them unimported
+        (a module-level binding of its own, `F = 3`, still shadows them)."""
+        found = collect_imports(self.nodes)
+        module_names = self._index.bindings.get(self.tree, frozenset())
+        names = (n.id for n in self.nodes_of(ast.Name) if isinstance(n, ast.Name))
+        used = {n for n in names if n in CONVENTIONAL and n not in module_names}
+        return with_conventional(found, used)
 
     @cached_property
     def imports_torch(self) -> bool:
-        if "torch" not in self.text:
+        """True when the file imports torch or uses its conventional names."""
+        if not _MENTIONS_TORCH.search(self.text):
             return False  # NB: spares indexing files that cannot be about torch
         return any(q == "torch" or q.startswith("torch.") for q in self.imports.aliases.values())
 

@@ -9,6 +9,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from nandoctor.causes import catalog
+from nandoctor.causes.snippets import for_run, on_user_line
 from nandoctor.report.types import Cause
 
 MARKS = {True: "[green]✔ verified[/]", False: "[red]✘ not enough[/]", None: "[dim]not verified[/]"}
@@ -18,17 +19,23 @@ def verified_mark(cause: Cause) -> str:
     return MARKS[cause.verified]
 
 
-def causes_block(causes: list[Cause], snippets: int = 1) -> RenderableType | None:
-    """Every cause, best first; the `snippets` best ones with their before/after code."""
+def causes_block(
+    causes: list[Cause], snippets: int = 1, grad_scaler: bool = True, line: str | None = None
+) -> RenderableType | None:
+    """Every cause, best first; the `snippets` best ones with their before/after code:
+    on the user's own `line` where the fix is an edit of it, else the catalog's (without
+    GradScaler lines when the run has no scaler)."""
     if not causes:
         return None
     parts: list[RenderableType] = ["[bold]Why, best first[/]"]
     for rank, cause in enumerate(causes, start=1):
-        parts.append(_cause(rank, cause, with_snippet=rank <= snippets))
+        parts.append(_cause(rank, cause, rank <= snippets, grad_scaler, line))
     return Group(*parts)
 
 
-def _cause(rank: int, cause: Cause, with_snippet: bool) -> RenderableType:
+def _cause(
+    rank: int, cause: Cause, with_snippet: bool, grad_scaler: bool, line: str | None
+) -> RenderableType:
     head = f"[bold]{rank}. {escape(cause.id)}[/] ({cause.confidence:.0%}) {escape(cause.title)}"
     rows: list[RenderableType] = [head]
     rows += [f"   • {escape(line)}" for line in cause.evidence]
@@ -37,17 +44,26 @@ def _cause(rank: int, cause: Cause, with_snippet: bool) -> RenderableType:
         sentence = f": {escape(cause.verification)}" if cause.verification else ""
         rows.append(f"   {verified_mark(cause)}{sentence}")
     if with_snippet:
-        rows.append(_snippet(cause.id))
+        rows.append(_snippet(cause.id, grad_scaler, line))
     return Group(*rows)
 
 
-def _snippet(cause_id: str) -> RenderableType:
+def snippet_pair(cause_id: str, grad_scaler: bool, line: str | None) -> tuple[str, str]:
+    """The before/after to show: the user's line edited, or the catalog's pair."""
+    own = on_user_line(cause_id, line) if line else None
+    if own is not None:
+        return own
     info = catalog.get(cause_id)
+    return for_run(info.before, info.after, grad_scaler)
+
+
+def _snippet(cause_id: str, grad_scaler: bool, line: str | None) -> RenderableType:
     grid = Table.grid(padding=(0, 2))
     grid.add_column()
     grid.add_column()
     grid.add_row("[red]before[/]", "[green]after[/]")
-    grid.add_row(_code(info.before), _code(info.after))
+    before, after = snippet_pair(cause_id, grad_scaler, line)
+    grid.add_row(_code(before), _code(after))
     return grid
 
 

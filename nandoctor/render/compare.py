@@ -65,7 +65,8 @@ def _first(run: CompareRun) -> str:
 
 
 def _headroom(run: CompareRun) -> str:
-    if not run.headroom:
+    """Only where the dtype can overflow: bfloat16 and float32 reach 3.4e38."""
+    if not run.headroom or run.dtype != "float16":
         return "-"
     h = run.headroom[0]
     return escape(f"{min(h.peak_fraction, 1.0):.0%} in {h.module or '(root)'}")

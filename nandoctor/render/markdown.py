@@ -13,11 +13,12 @@ Same facts as the JSON and the terminal; nothing is computed here.
 
 from __future__ import annotations
 
-from nandoctor.causes import catalog
 from nandoctor.causes.words import plural
-from nandoctor.render.origin import library_frames, transient_text
+from nandoctor.render.causes import snippet_pair
+from nandoctor.render.origin import library_frames, source_line, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
+from nandoctor.report.divergence import divergence_text, divergences
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Cause, Report
 
@@ -42,7 +43,8 @@ def _or_dash(value: object, fmt: str = "{}") -> str:
 
 
 def _headroom(run: CompareRun) -> str:
-    if not run.headroom:
+    """Only where the dtype can overflow: bfloat16 and float32 reach 3.4e38."""
+    if not run.headroom or run.dtype != "float16":
         return "-"
     top = run.headroom[0]
     return f"{top.peak_fraction:.0%} in `{top.module or '(root)'}`"
@@ -63,7 +65,9 @@ def render_markdown(report: Report) -> str:
     lines = [_title(report), "", report.summary, ""]
     lines += _environment(report)
     lines += _where(report)
-    lines += _causes(report.causes)
+    first = report.first_nonfinite
+    line = source_line(first.source) if first is not None else None
+    lines += _causes(report.causes, report.environment.grad_scaler, line)
     lines += _gate(report)
     lines += _curves(report)
     if report.notes:
@@ -122,7 +126,7 @@ def _transients(report: Report) -> list[str]:
     return [*out, ""]
 
 
-def _causes(causes: list[Cause]) -> list[str]:
+def _causes(causes: list[Cause], grad_scaler: bool = True, line: str | None = None) -> list[str]:
     if not causes:
         return []
     out = ["### Why, best first", ""]
@@ -135,7 +139,7 @@ def _causes(causes: list[Cause]) -> list[str]:
                 f"   - **{VERIFIED[cause.verified]}**: {cause.verification or ''}".rstrip(": ")
             )
         if rank == 1:
-            out += _snippet(cause.id)
+            out += _snippet(cause.id, grad_scaler, line)
     return [*out, ""]
 
 
@@ -150,10 +154,10 @@ def _gate(report: Report) -> list[str]:
     return [*out, ""]
 
 
-def _snippet(cause_id: str) -> list[str]:
-    info = catalog.get(cause_id)
+def _snippet(cause_id: str, grad_scaler: bool, line: str | None) -> list[str]:
     block = ["", "   <details><summary>before / after</summary>", ""]
-    for label, code in (("before", info.before), ("after", info.after)):
+    before, after = snippet_pair(cause_id, grad_scaler, line)
+    for label, code in (("before", before), ("after", after)):
         block += [f"   {label}:", "", "   ```python"]
         block += [f"   {line}" for line in code.splitlines()]
         block += ["   ```", ""]
@@ -170,4 +174,5 @@ def _curves(report: Report) -> list[str]:
         "|---|---|",
         f"| loss | `{sparkline(t.loss, 40)}` |",
         f"| grad norm | `{sparkline(t.grad_norm, 40, log=True)}` |",
+        *[f"| divergence | {divergence_text(e)} |" for e in divergences(report.events)],
     ]

@@ -102,6 +102,21 @@ def module_tree(path: str | None, evidence: Evidence | None) -> RenderableType:
     return tree
 
 
+def source_line(source: str | None) -> str | None:
+    """The user's line at `path:line`, when the file is still there."""
+    if not source or ":" not in source:
+        return None
+    path, _, line = source.rpartition(":")
+    if not (line.isdigit() and Path(path).is_file()):
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    n = int(line)
+    return lines[n - 1] if 0 < n <= len(lines) else None
+
+
 def source_excerpt(source: str | None) -> Syntax | None:
     """A few lines of the user's code around `path:line`, the line highlighted."""
     if not source or ":" not in source:

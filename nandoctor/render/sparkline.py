@@ -30,6 +30,14 @@ def sparkline(values: Sequence[float | None], width: int = 60, log: bool = False
     return "".join(out)
 
 
+def column(index: int, count: int, width: int = 60) -> int:
+    """The column of `sparkline` (of `count` values, `width` columns) that shows value
+    `index`: where a marker under the line points at it."""
+    if count <= width:
+        return index
+    return next(i for i in range(width) if index < (i + 1) * count // width)
+
+
 def _num(v: float | str | None) -> float | None:
     if v is None:
         return None

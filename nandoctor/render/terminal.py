@@ -22,12 +22,20 @@ from typing import TYPE_CHECKING
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from nandoctor.render.causes import causes_block
-from nandoctor.render.origin import origin_block
-from nandoctor.render.sparkline import sparkline
+from nandoctor.render.origin import origin_block, source_line
+from nandoctor.render.sparkline import column, sparkline
+from nandoctor.report.divergence import divergence_text, divergences
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Report
 
@@ -58,7 +66,8 @@ def describe_run(session: Session) -> str:
 
 
 class StepProgress:
-    """A progress bar over steps showing the live loss; a no-op when quiet."""
+    """A progress bar over steps showing the live loss, the time so far and the time left;
+    a no-op when quiet."""
 
     def __init__(self, console: Console, total: int, enabled: bool = True) -> None:
         self.enabled = enabled and console.is_terminal
@@ -68,6 +77,8 @@ class StepProgress:
             BarColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),  # NB: from the mean step time so far
             console=console,
             transient=True,
         )
@@ -99,7 +110,9 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     where = origin_block(report)
     if where is not None:
         body.append(where)
-    why = causes_block(report.causes)
+    first = report.first_nonfinite
+    own = source_line(first.source) if first is not None else None
+    why = causes_block(report.causes, grad_scaler=report.environment.grad_scaler, line=own)
     if why is not None:
         body.append(why)
     if report.ranks:
@@ -136,6 +149,7 @@ def quiet_lines(report: Report) -> list[str]:
     skips = skips_text(report.events)
     if skips is not None:  # NB: a healthy fp16 run's skips say whether they were rechecked
         scaler += f" ({skips})"
+    lines += [f"  {divergence_text(e)}" for e in divergences(report.events)]
     lines.append(f"  {env.device} {env.dtype} {scaler} threads={env.threads}")
     return lines
 
@@ -170,10 +184,24 @@ def _curves(report: Report) -> Table:
     grid.add_column(no_wrap=True)
     grid.add_column(no_wrap=True)
     grid.add_row("loss", sparkline(t.loss, _WIDTH), _ends(t.loss))
+    _mark_divergence(grid, report, "loss")
     grid.add_row("grad norm", sparkline(t.grad_norm, _WIDTH, log=True), _ends(t.grad_norm))
+    _mark_divergence(grid, report, "grad_norm")
     if any(s is not None for s in t.scale):
         grid.add_row("loss scale", sparkline(t.scale, _WIDTH, log=True), _ends(t.scale))
     return grid
+
+
+def _mark_divergence(grid: Table, report: Report, metric: str) -> None:
+    """A caret under the curve at the step where the metric diverged, and the numbers."""
+    for event in divergences(report.events):
+        if event.metric != metric or event.step not in report.telemetry.step:
+            continue
+        steps = report.telemetry.step
+        at = column(steps.index(event.step), len(steps), _WIDTH)
+        grid.add_row(
+            "", "[bold magenta]" + " " * at + "^[/]", f"[magenta]{divergence_text(event)}[/]"
+        )
 
 
 _WIDTH = 40  # sparkline columns: fits an 80-column terminal beside the labels

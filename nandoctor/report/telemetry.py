@@ -12,11 +12,16 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Event:
     step: int
-    kind: str  # scaler-skip | skipped-batch
+    kind: str  # scaler-skip | skipped-batch | divergence
     scale: float | None = None
     # a scaler-skip's: "overflow" (the gradients were finite at loss scale 1) or
     # "unchecked" (the driver could not rerun the step: Guard's hooks, watch)
     reason: str | None = None
+    # a divergence's (report.divergence): the metric ("loss" | "grad_norm"), its value at
+    # the step, and the recent level it rose from
+    metric: str | None = None
+    value: float | None = None
+    baseline: float | None = None
 
 
 def scaler_skips(events: list[Event]) -> dict[str, int]:

@@ -141,6 +141,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["events"] = [_event_dict(e) for e in data["events"]]
         ordered = {k: data[k] for k in _ORDER if k in data}
         return jsonable(ordered)
 
@@ -160,6 +161,16 @@ _ORDER = (
     "steps_completed", "summary", "first_nonfinite", "causes", "transients", "events", "telemetry",
     "evidence", "health", "gate", "ranks", "notes", "timing",
 )  # fmt: skip
+
+
+def _event_dict(event: dict[str, Any]) -> dict[str, Any]:
+    """Each kind of event with its own keys, as SPEC.md writes them: a divergence's
+    metric, value and baseline; a skip's scale and reason."""
+    own = ("scale", "reason") if event.get("kind") == "divergence" else _DIVERGENCE_KEYS
+    return {k: v for k, v in event.items() if k not in own}
+
+
+_DIVERGENCE_KEYS = ("metric", "value", "baseline")
 
 
 def jsonable(obj: Any) -> Any:

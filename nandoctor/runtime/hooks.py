@@ -88,6 +88,7 @@ class StepHooks:
         self._inputs_of: nn.Module | None = None  # the module with our keyword-inputs hook
         self._early: StepContext | None = None  # that hook, next, opens this forward
         self._late = False  # this forward's keyword inputs are checked when it returns
+        self._named: Any = None  # the next step's batch, named by a framework's callback
         self._scaled: tuple[weakref.ref, torch.Tensor, torch.Tensor | None] | None = None
 
     # -- attach / detach -------------------------------------------------------------
@@ -110,6 +111,12 @@ class StepHooks:
             handle.remove()
         self._handles.clear()
         self._inputs_of = None
+
+    def name_batch(self, batch: Any) -> None:
+        """The next step's whole batch, when a framework hands it over before the step
+        (Lightning's `on_train_batch_start`): it is that step's INPUT, labels included,
+        which the model's own inputs (`self.net(x)` inside `training_step`) may not be."""
+        self._named = batch
 
     # -- explicit steps (Guard.step) ------------------------------------------------------
     def begin(self, batch: Any) -> StepContext:
@@ -140,6 +147,10 @@ class StepHooks:
             return
         self._root, self._worked = True, True
         if self.explicit:  # the caller named the batch
+            self._forward_started(ctx)
+        elif self._named is not None:  # a framework named it
+            batch, self._named = self._named, None
+            self._phase(ctx, Phase.INPUT, batch)
             self._forward_started(ctx)
         elif module is self._inputs_of:  # without a named batch, the model's inputs are
             self._early = ctx  # the batch: its own hook, next, sees them all

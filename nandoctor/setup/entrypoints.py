@@ -8,6 +8,7 @@ the user's (exit 3).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -35,18 +36,25 @@ def resolve(spec: str, key: str, base_dir: Path) -> Callable[..., Any]:
     else:
         module = _import_module(target, key, spec)
     obj: Any = module
+    where = target
     for part in attribute.split("."):
         if not hasattr(obj, part):
-            raise ConfigError(f"{key}: '{spec}': {_name_of(module)} has no attribute '{part}'")
+            raise ConfigError(
+                f"{key}: '{spec}': {where} has no attribute '{part}'{_did_you_mean(obj, part)}"
+            )
         obj = getattr(obj, part)
+        where = f"{where}:{part}" if where == target else f"{where}.{part}"
     if not callable(obj):
         raise ConfigError(f"{key}: '{spec}' is a {type(obj).__name__}, expected a callable")
     return obj
 
 
-def _name_of(module: Any) -> str:
-    file = getattr(module, "__file__", None)
-    return f"{module.__name__} ({file})" if file else module.__name__
+def _did_you_mean(obj: Any, name: str) -> str:
+    """The closest public name of `obj` (a module as the user named it, never our alias
+    of a loaded file)."""
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def _import_module(name: str, key: str, spec: str) -> Any:

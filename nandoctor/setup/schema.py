@@ -61,6 +61,9 @@ def _as_number(text: str) -> Any:
         return text
 
 
+as_number = _as_number  # setup.args reads model_args and data_args the same way
+
+
 def _auto_or_count(value: Any) -> Any:
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
         return value

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from nandoctor.errors import ConfigError, user_code
 from nandoctor.setup import checkpoint as ckpt
 from nandoctor.setup import cuda_autocast, distributed, fsdp
+from nandoctor.setup.args import conversion_notes, numeric_args
 from nandoctor.setup.data import BatchStream
 from nandoctor.setup.devices import check_dtype_supported, resolve_device
 from nandoctor.setup.distributed import Ranks
@@ -116,6 +117,7 @@ def build_session(loaded: LoadedConfig) -> Session:
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
     parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
     session = Session(config, loaded.path, *parts)
+    session.notes += conversion_notes(config)
     if ranks is not None:
         session.ranks, session.train_model = ranks, model if sharded else ranks.wrap(model)
     return session
@@ -124,8 +126,8 @@ def build_session(loaded: LoadedConfig) -> Session:
 def _data_source(config: Config, base: Path, ranks: Ranks | None) -> Callable[[], Any]:
     data = resolve(config.data, "data", base)
     if ranks is not None:
-        return ranks.shard(data, config.data_args)
-    return lambda: data(**config.data_args)
+        return ranks.shard(data, numeric_args(config.data_args))
+    return lambda: data(**numeric_args(config.data_args))
 
 
 def seed_everything(seed: int) -> None:
@@ -165,7 +167,7 @@ def _describe(batch: Any) -> str:
 def _build_model(config: Config, base: Path) -> torch.nn.Module:
     factory = resolve(config.model, "model", base)
     with user_code(f"model {config.model}"):
-        model = factory(**config.model_args)
+        model = factory(**numeric_args(config.model_args))
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
             f"model: {config.model} returned a {type(model).__name__}, expected a torch.nn.Module"

@@ -1,10 +1,12 @@
 """exploding-gradients: a GradScaler loop that never clips the gradients.
 
 Lower severity than clip-before-unscale: many runs train fine unclipped, but nothing bounds
-an update when one batch's gradient blows up. The check stays silent when the file clips
-anywhere (any call or keyword named like `clip`, gradient hooks), so clipping in a helper,
-a library wrapper (`loss_scaler(..., clip_grad=1.0)`) or another branch is trusted. One
-finding per file, at the first `scaler.step(opt)`: one loop, one missing clip.
+an update when one batch's gradient blows up. Judged per training loop: each
+`scaler.step(opt)` belongs to its innermost `for`/`while` loop (else its function, else
+the module), and that loop is clipped when it calls anything named like `clip` (or passes
+a `clip...=` keyword: `loss_scaler(..., clip_grad=1.0)`), or calls a function of this file
+that does. A gradient hook (`register_hook`) anywhere bounds every loop. One finding per
+unclipped loop, at its first `scaler.step(opt)`.
 """
 
 from __future__ import annotations
@@ -50,29 +52,59 @@ loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters())  # ti
 @check(
     "exploding-gradients",
     severity=Severity.WARNING,
-    summary="A GradScaler loop (`scaler.scale(loss).backward()`) with no gradient clipping "
-    "anywhere in the file.",
+    summary="A GradScaler loop (`scaler.scale(loss).backward()`) that never clips the "
+    "gradients (judged per training loop).",
     invalid=INVALID,
     valid=VALID,
 )
 def exploding_gradients(src: Source) -> Iterator[Hit]:
     uses = scaler_uses(src)
-    if not uses or _clips_somewhere(src):
+    if not uses or any(_name(c) == "register_hook" for c in src.calls):
         return
     steps = [s for use in uses for s in use.steps]
-    anchor = min(steps or [s for use in uses for s in use.scales], key=position)
-    yield Hit(anchor, _message(anchor))  # NB: once per file: one loop, one missing clip
+    anchors = steps or [s for use in uses for s in use.scales]
+    loops: dict[ast.AST, list[ast.Call]] = {}
+    for anchor in sorted(anchors, key=position):
+        loops.setdefault(_loop_of(src, anchor), []).append(anchor)
+    clipping = _clipping_functions(src)
+    for loop, calls in loops.items():
+        if not _clips_in(loop, clipping):
+            yield Hit(calls[0], _message(calls[0]))  # NB: one finding per unclipped loop
 
 
-def _clips_somewhere(src: Source) -> bool:
-    for call in src.calls:
-        func = call.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if "clip" in name.lower() or name == "register_hook":
+def _loop_of(src: Source, node: ast.AST) -> ast.AST:
+    """The innermost loop around `node` inside its function; else the function or module."""
+    scope = src.function_of(node) or src.tree
+    for parent in src.ancestors(node):
+        if parent is scope:
+            return scope
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
+            return parent
+    return scope
+
+
+def _clipping_functions(src: Source) -> frozenset[str]:
+    """Names of the file's functions whose body clips (one level: a helper `clip_and_step`
+    or `apply_update` that calls `clip_grad_norm_`)."""
+    defs = src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef)
+    return frozenset(d.name for d in defs if _clips_in(d, frozenset()))  # type: ignore[attr-defined]
+
+
+def _clips_in(container: ast.AST, clipping: frozenset[str]) -> bool:
+    for call in ast.walk(container):
+        if not isinstance(call, ast.Call):
+            continue
+        name = _name(call)
+        if "clip" in name.lower() or name in clipping:
             return True
         if any(k.arg and "clip" in k.arg.lower() for k in call.keywords):
             return True
     return False
+
+
+def _name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
 def _message(anchor: ast.Call) -> str:

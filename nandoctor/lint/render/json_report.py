@@ -54,4 +54,5 @@ def _finding(finding: Finding) -> dict[str, Any]:
         "message": finding.message,
         "fix": cause.fix,
         "heuristic": finding.heuristic,
+        **({"cell": finding.cell} if finding.cell is not None else {}),
     }

@@ -100,7 +100,10 @@ def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
         "locations": [
             {"physicalLocation": {"artifactLocation": _artifact(finding.path), "region": region}}
         ],
-        "properties": {"heuristic": finding.heuristic},
+        "properties": {
+            "heuristic": finding.heuristic,
+            **({"notebookCell": finding.cell} if finding.cell is not None else {}),
+        },
     }
 
 

@@ -36,7 +36,7 @@ def render(console: Console, result: LintResult, *, quiet: bool = False) -> None
 
 def headline(finding: Finding) -> Text:
     text = Text()
-    text.append(f"{finding.path}:{finding.line}:{finding.column}:", style="bold")
+    text.append(f"{finding.where}:", style="bold")
     text.append(" ")
     text.append(f"{finding.severity}[{finding.id}]", style=STYLES[finding.severity])
     if finding.heuristic:
@@ -64,6 +64,8 @@ def frame(finding: Finding) -> Text:
 
 def skipped_line(skipped: Skipped) -> Text:
     where = skipped.path
+    if skipped.cell is not None:
+        where += f":cell {skipped.cell}"
     if skipped.line is not None:
         where += f":{skipped.line}:{skipped.column or 1}"
     text = Text(f"{where}: ", style="bold")
@@ -75,7 +77,7 @@ def skipped_line(skipped: Skipped) -> Text:
 def summary(result: LintResult) -> Text:
     checked = f"{result.files_checked} file{'s' * (result.files_checked != 1)} checked"
     if result.files_checked == 0:
-        return Text("No Python files found.", style="yellow")
+        return Text("No Python files or notebooks found.", style="yellow")
     counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
     files = len({f.path for f in result.findings})
     n = len(result.findings)

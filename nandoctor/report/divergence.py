@@ -1,0 +1,86 @@
+"""Divergence before NaN: the loss or the gradient norm rising far above its recent level
+while still finite (a bf16 run can reach loss 1e18 without a single NaN).
+
+The rule, per metric (`loss`, `grad_norm`), over the finite positive values in step order:
+
+- track x = ln(value) with an exponential moving mean and variance, alpha 0.97 (ZClip's
+  choice: about the last 33 steps weigh most);
+- the first `WARMUP` (10) steps only feed the averages: early steps are noisy and a
+  warmup schedule moves the level on purpose;
+- a step *diverges* when its z-score z = (x - mean) / max(std, `MIN_STD`) exceeds `Z`
+  (2.5) and the value is at least `MIN_RATIO` (100x) its recent level exp(mean). The ratio
+  keeps a quiet run's small wobble (tiny std, large z) from counting, and two orders of
+  magnitude because a healthy run's gradient norm can jump 15x above its average while
+  the model leaves its initial plateau (seed-fixed.yaml, step 16); the z-score keeps a
+  noisy run's usual swings from counting;
+- only the first divergence of each metric is an event: `{"step", "kind": "divergence",
+  "metric", "value", "baseline"}`, where `baseline` is exp(mean), the recent level.
+
+Deterministic and computed from the report's telemetry alone, so every driver (diagnose,
+Guard, watch) gets it the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from nandoctor.report.telemetry import Event, Telemetry
+
+ALPHA = 0.97
+Z = 2.5
+WARMUP = 10
+MIN_RATIO = 100.0
+MIN_STD = 0.05  # in ln units: a 5% wobble
+
+
+def divergence_events(telemetry: Telemetry) -> list[Event]:
+    """At most one event per metric, in step order."""
+    found = [
+        first_divergence(telemetry.step, telemetry.loss, "loss"),
+        first_divergence(telemetry.step, telemetry.grad_norm, "grad_norm"),
+    ]
+    return sorted((e for e in found if e is not None), key=lambda e: (e.step, e.metric or ""))
+
+
+def first_divergence(
+    steps: Sequence[int], values: Sequence[float | None], metric: str
+) -> Event | None:
+    mean: float | None = None
+    var = 0.0
+    seen = 0
+    for step, value in zip(steps, values, strict=False):
+        if value is None or not math.isfinite(value) or value <= 0:
+            continue
+        x = math.log(value)
+        if mean is not None and seen >= WARMUP:
+            z = (x - mean) / max(math.sqrt(var), MIN_STD)
+            if z > Z and x - mean >= math.log(MIN_RATIO):
+                return Event(
+                    step, "divergence", metric=metric, value=value, baseline=math.exp(mean)
+                )
+        if mean is None:
+            mean = x
+        else:
+            delta = x - mean
+            mean += (1 - ALPHA) * delta
+            var = ALPHA * (var + (1 - ALPHA) * delta * delta)
+        seen += 1
+    return None
+
+
+def merge_events(events: list[Event], extra: list[Event]) -> list[Event]:
+    """`events` with `extra` placed by step (stable: a step's own events first)."""
+    return sorted([*events, *extra], key=lambda e: e.step)
+
+
+def divergences(events: Sequence[Event]) -> list[Event]:
+    return [e for e in events if e.kind == "divergence"]
+
+
+def divergence_text(event: Event) -> str:
+    """ "loss diverged at step 40: 3.1e+06, 1.3e+06x its recent level 2.4"."""
+    name = {"grad_norm": "gradient norm"}.get(event.metric or "", event.metric or "value")
+    value, base = event.value or 0.0, event.baseline or 0.0
+    ratio = f", {value / base:.3g}x its recent level {base:.3g}" if base > 0 else ""
+    return f"{name} diverged at step {event.step}: {value:.3g}{ratio}"

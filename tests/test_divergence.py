@@ -1,0 +1,140 @@
+"""The divergence rule: a metric rising far above its recent level, while still finite."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from nandoctor.cli import app
+from nandoctor.report.divergence import (
+    MIN_RATIO,
+    WARMUP,
+    divergence_events,
+    divergence_text,
+    first_divergence,
+)
+from nandoctor.report.telemetry import Telemetry
+from tests.conftest import base_config
+
+runner = CliRunner()
+
+
+def noisy(n: int, level: float = 1.0, spread: float = 0.3, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [level * math.exp(rng.gauss(0, spread)) for _ in range(n)]
+
+
+def test_a_climb_far_above_the_recent_level_is_an_event_with_its_numbers():
+    values = [*noisy(40), *(10.0 ** (k + 1) for k in range(6))]  # 10, 100, 1000, ...
+    event = first_divergence(range(len(values)), values, "loss")
+    assert event is not None
+    # 10 and 100 stay under 100x the level (which 10 nudged up); 1000 is the first over
+    assert (event.step, event.kind, event.metric, event.value) == (42, "divergence", "loss", 1e3)
+    assert 0.7 < event.baseline < 1.4
+    assert divergence_text(event).startswith("loss diverged at step 42: 1e+03, ")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_and_a_slow_trend_are_not_divergence(seed):
+    values = [v * (1 + 0.05 * i) for i, v in enumerate(noisy(200, spread=0.8, seed=seed))]
+    assert first_divergence(range(200), values, "grad_norm") is None
+
+
+def test_the_warmup_steps_are_never_judged():
+    values = [1e-3, 1e3, 1e-2, 5e2, *noisy(30)]  # a wild start
+    assert first_divergence(range(len(values)), values, "loss") is None
+    assert WARMUP >= 4
+
+
+def test_a_jump_below_the_ratio_is_not_divergence():
+    values = [*noisy(40, spread=0.01), MIN_RATIO / 2]
+    assert first_divergence(range(41), values, "grad_norm") is None
+
+
+def test_non_finite_values_are_the_failure_not_a_divergence():
+    values = [*noisy(40), math.inf, math.nan]
+    assert first_divergence(range(42), values, "loss") is None
+
+
+def test_one_event_per_metric_in_step_order():
+    climb = [*noisy(30), *(10.0 ** (k + 1) for k in range(5))]
+    t = Telemetry(list(range(35)), climb, [*noisy(33), 1e4, 1e6], [None] * 35)
+    assert [(e.step, e.metric) for e in divergence_events(t)] == [(32, "loss"), (33, "grad_norm")]
+
+
+REGRESSION = """
+import torch
+from torch import nn
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Linear(8, 1)
+
+
+def build_data():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(4)]
+
+
+def loss(model, batch):
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
+"""
+
+
+def regression(lr: float) -> dict:
+    return base_config(
+        data="train.py:build_data",
+        model="train.py:build_model",
+        loss="train.py:loss",
+        optimizer={"name": "SGD", "lr": lr},
+        steps=40,
+    )
+
+
+def test_a_finite_explosion_carries_a_divergence_event_and_can_fail_ci(project, tmp_path):
+    """SGD at lr 0.8 on least squares: the loss grows ~2x a step, finite for 40 steps."""
+    config = project(regression(0.8), REGRESSION)
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, ["diagnose", str(config), "-q", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["status"] == "healthy"
+    (event,) = [e for e in report["events"] if e["kind"] == "divergence" and e["metric"] == "loss"]
+    assert event["value"] >= MIN_RATIO * event["baseline"]
+    assert f"loss diverged at step {event['step']}" in result.output
+    failing = runner.invoke(app, ["diagnose", str(config), "-q", "--fail-on-divergence"])
+    assert failing.exit_code == 1
+
+
+def test_a_healthy_run_has_no_divergence(project):
+    config = project(regression(0.05), REGRESSION)
+    result = runner.invoke(app, ["diagnose", str(config), "-q", "--fail-on-divergence"])
+    assert result.exit_code == 0, result.output
+    assert "diverged" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("config", "seed", "lr_scale"),
+    [("seed-fixed", 0, 1.0), ("seed-fixed", 1, 1.0), ("attention-masked-ok", 0, 3.0)],
+)
+def test_shipped_healthy_configs_raise_no_divergence(config, seed, lr_scale):
+    """seed-fixed's gradient norm jumps 15x above its average at step 16 (the model leaves
+    its plateau); attention-masked-ok at 3x its learning rate trains better. Neither is
+    divergence."""
+    from nandoctor.diagnose import engine
+    from nandoctor.setup.load import load_config
+    from tests.conftest import CONFIGS
+
+    loaded = load_config(CONFIGS / f"{config}.yaml")
+    optimizer = loaded.config.optimizer
+    faster = optimizer.model_copy(update={"lr": optimizer.model_extra["lr"] * lr_scale})
+    loaded = loaded.with_overrides(steps=40, seed=seed, optimizer=faster)
+    report = engine.diagnose(loaded, engine.DiagnoseOptions(verify=False))
+    assert report.status == "healthy"
+    assert [e for e in report.events if e.kind == "divergence"] == []

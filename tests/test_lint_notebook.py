@@ -1,0 +1,91 @@
+"""Notebooks: the code cells linted as one module, findings placed back in their cells."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import nandoctor.cli.lint  # noqa: F401  (adds the command to the app)
+from nandoctor.cli.app import app
+from nandoctor.lint import LintConfig, lint_paths
+from nandoctor.lint.notebook import parse_cells, python_line
+
+runner = CliRunner()
+
+
+def cell(source: str, kind: str = "code") -> dict:
+    return {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
+
+
+def notebook(folder, name: str, *cells: dict):
+    path = folder / name
+    path.write_text(json.dumps({"cells": list(cells), "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+SOFTMAX_NB = (
+    cell("%matplotlib inline\n!pip install torch\nimport torch"),
+    cell("# Training", kind="markdown"),
+    cell(
+        "logits = model(x)\n\n\n\n\n\n\n\n\n\n\np = torch.softmax(logits, -1)\nloss = torch.log(p)"
+    ),
+)
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_hand_written_log_softmax_is_found_in_its_cell(here):
+    notebook(here, "explore.ipynb", *SOFTMAX_NB)
+    (finding,) = lint_paths(["explore.ipynb"], LintConfig()).findings
+    assert (finding.id, finding.cell, finding.line, finding.column) == ("log-of-softmax", 3, 13, 8)
+    assert finding.code == "loss = torch.log(p)"
+
+
+def test_the_cli_fails_with_the_cell_location(here):
+    notebook(here, "explore.ipynb", *SOFTMAX_NB)
+    result = runner.invoke(app, ["lint", "explore.ipynb"])
+    assert result.exit_code == 1
+    assert "explore.ipynb:cell 3:13:8: error[log-of-softmax]" in result.stdout
+    assert " 13 | loss = torch.log(p)" in result.stdout
+
+
+def test_ipython_lines_are_not_python_but_keep_their_place():
+    assert python_line("%matplotlib inline") == "pass"
+    assert python_line("    !nvidia-smi") == "    pass"
+    assert python_line("files = !ls data") == "pass"
+    assert python_line("torch.log?") == "pass"
+    assert python_line("x = a % b") == "x = a % b"
+    nb = parse_cells([cell("%%bash\nrm -rf /tmp/x"), cell("if ok:\n    %time f()\n")])
+    assert nb.text.splitlines() == ["", "", "if ok:", "    pass"]
+    assert nb.where(4) == (2, 2)
+
+
+def test_cells_share_one_namespace():
+    """The import in cell 1 holds in cell 2; a cell without imports still means torch."""
+    nb = parse_cells([cell("import torch.nn.functional as G"), cell("G.softmax(x).log()")])
+    assert nb.text == "import torch.nn.functional as G\nG.softmax(x).log()\n"
+
+
+def test_an_unparsable_notebook_is_skipped_and_fails(here):
+    (here / "broken.ipynb").write_text("{not json")
+    notebook(here, "syntax.ipynb", cell("import torch"), cell("def f(:\n    pass"))
+    result = runner.invoke(app, ["lint", "."])
+    assert result.exit_code == 1, result.output
+    assert "broken.ipynb: error[not-linted] cannot read: not a notebook" in result.stdout
+    assert "syntax.ipynb:cell 2:1:" in result.stdout
+    assert "No problems in 2 files checked; 2 files could not be linted." in result.stdout
+
+
+def test_a_clean_notebook_passes(here):
+    notebook(
+        here, "ok.ipynb", cell("import torch.nn.functional as F"), cell("F.cross_entropy(z, y)")
+    )
+    result = runner.invoke(app, ["lint", "ok.ipynb"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "No problems in 1 file checked.\n"
