@@ -139,7 +139,9 @@ class Workload:
                 "data_args": {**knobs, "steps": max(steps, 8), **data_args},
                 "loss": self.loss,
                 "optimizer": {"name": "AdamW", "lr": 1e-4},
-                "precision": {"dtype": self.dtype},
+                # NB: the CPU's own autocast, as the plain loop next to it runs: the cost of
+                # replaying CUDA's lists on a CPU is benchmarks/autocast_policy.py's figure
+                "precision": {"dtype": self.dtype, "autocast_policy": "native"},
                 "steps": steps,
                 "device": device,
             }
