@@ -18,7 +18,6 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -50,6 +49,14 @@ app = typer.Typer(
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# How click ends a command with a code of its own. NB: found through typer, whose click is
+# a private copy since typer 0.2x (the `click` package may not even be installed)
+CLICK_ENDINGS: tuple[type[BaseException], ...] = (
+    typer.Exit,
+    typer.Abort,
+    *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
+)
+
 
 def stderr_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -74,7 +81,7 @@ def handles_errors(command: F) -> F:
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
             outcome = Outcome(interrupted=True)
-        except (typer.Exit, click.ClickException):  # click's own ending: its code stands
+        except CLICK_ENDINGS:  # click's own ending: its code stands
             raise
         except (Exception, SystemExit) as e:  # NB: never exit 1 ("non-finite") for these
             if kwargs.get("debug"):
