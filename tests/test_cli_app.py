@@ -49,6 +49,13 @@ def test_help_schema_and_lint_never_import_torch(args):
     assert not loads_torch(*args)
 
 
+def test_the_cli_never_needs_the_click_package():
+    """typer vends its own click: a plain install may have no `click` package at all."""
+    code = "import sys; from nandoctor.cli import app; print('click' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 def test_a_command_that_runs_a_model_does_import_it(tmp_path):
     # the probe above can tell: a diagnose that reaches the config's model loads torch
     config = REPO / "configs" / "seed-fixed.yaml"
