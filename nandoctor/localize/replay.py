@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from nandoctor.errors import UserCodeError
+from nandoctor.errors import UserCodeError, out_of_memory
 from nandoctor.localize.tracer import Finding, Tracer
 from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
@@ -152,7 +152,7 @@ def _full_or_light(
 
 def _out_of_memory(e: BaseException) -> bool:
     """Out of memory, raised by the tracer or inside the user's code (which wraps it)."""
-    return isinstance(e.error if isinstance(e, UserCodeError) else e, MEMORY_ERRORS)
+    return out_of_memory(e.error if isinstance(e, UserCodeError) else e)
 
 
 def _failed(step: int, e: BaseException) -> str:
