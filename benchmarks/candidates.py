@@ -1,4 +1,5 @@
-"""The loops being compared, each stepping its own copy of the same run.
+"""The loops being compared, taking turns at stepping one shared run (see
+`measure.step_times`: separate copies of a run differ in speed on their own).
 
 - plain: the loop a user writes (autocast, GradScaler, unscale_, step, update);
 - loop: nandoctor's step with no probe (the price of the phases alone);
@@ -21,7 +22,7 @@ NB: the global hooks of guard and watch are attached only while that candidate r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,6 +40,10 @@ from nandoctor.setup.session import Session
 
 
 class Candidate:
+    # NB: False for a candidate whose hooks cannot come off the model between its turns:
+    # it steps a session of its own (and its figure carries that copy's own speed)
+    shares_session = True
+
     def __init__(self, session: Session) -> None:
         self.session = session
 
@@ -110,6 +115,8 @@ class Anomaly(Candidate):
 class TransformersDebug(Candidate):
     """transformers' DebugUnderflowOverflow: forward hooks on every module, every step."""
 
+    shares_session = False  # NB: its hooks stay on the model for good
+
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         from transformers.debug_utils import DebugUnderflowOverflow
@@ -124,8 +131,18 @@ class WithGuard(Candidate):
         super().__init__(session)
         self.guard = Guard(session.model, session.optimizer, session.scaler)
 
-    def attached(self) -> contextlib.AbstractContextManager[Any]:
-        return self.guard  # NB: leaving it reads the last step's verdict (one per run)
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """The `with` form's hooks, on for this candidate's turn; the guard stays open
+        (NB: leaving `with guard` would close it: its last verdict, then no more steps)."""
+        self.guard.__enter__()
+        try:
+            yield
+        finally:
+            self.guard._detach()
+
+    def close(self) -> None:
+        self.guard.close()
 
 
 class GuardStep(Candidate):
@@ -162,8 +179,8 @@ class Watch(Candidate):
         return self.hooks
 
 
-def available() -> dict[str, Callable[[Session], Candidate]]:
-    out: dict[str, Callable[[Session], Candidate]] = {
+def available() -> dict[str, type[Candidate]]:
+    out: dict[str, type[Candidate]] = {
         "plain": Candidate,
         "loop": Loop,
         "sentinel": WithSentinel,

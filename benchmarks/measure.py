@@ -35,42 +35,81 @@ class Spread:
         return cls(statistics.median(values), min(values), max(values))
 
 
+# NB: the seconds of stepping one workload's candidates may take, at most
+STEP_BUDGET_S = 240.0
+
+
 @dataclass
 class StepTimes:
     workload: str
+    rounds: int = 0  # what was measured: rounds of `steps` turns (see `step_times`)
+    steps: int = 0
     ms: dict[str, Spread] = field(default_factory=dict)  # per-step time of each candidate
     ratio: dict[str, Spread] = field(default_factory=dict)  # candidate / plain, per round
 
 
-def step_times(workload: Workload, size: str, device: str, rounds: int, steps: int) -> StepTimes:
-    makers = available()
+def step_times(
+    workload: Workload,
+    size: str,
+    device: str,
+    rounds: int,
+    steps: int,
+    budget_s: float = STEP_BUDGET_S,
+) -> StepTimes:
+    """Every candidate steps ONE session, in turn, a step each: a round is `steps` such
+    turns in a rotated order, and a candidate's ratio in a round is its time over the
+    plain loop's. NB: one session, not a copy each. Two copies of the same run, both
+    stepped by the plain loop, differ by up to 7% on a 2-core machine (where their memory
+    lies), more than the overheads measured here; one session shared by all leaves only
+    the candidates' own work to differ. Rounds and steps shrink to fit `budget_s` where
+    a step takes seconds (bfloat16 matmuls emulated on a CPU without AVX512-BF16)."""
     loaded = workload.config(size, steps, device)
-    cands = {name: make(build_session(loaded)) for name, make in makers.items()}
-    batches = [b for _, b in itertools.islice(cands["plain"].session.batches, steps)]
-    for cand in cands.values():  # warm up: allocators, autotuning, lazy state
-        _run(cand, batches[:2])
-    per_round: dict[str, list[float]] = {n: [] for n in cands}
+    shared = build_session(loaded)
+    cands = {
+        name: make(shared if make.shares_session else build_session(loaded))
+        for name, make in available().items()
+    }
+    batches = [b for _, b in itertools.islice(shared.batches, max(steps, 2))]
+    warm = {name: _run(cand, batches[:2]) / 2 for name, cand in cands.items()}  # allocators
+    rounds, steps = _fit(rounds, steps, sum(warm.values()), budget_s)
     names = list(cands)
+    per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
-            per_round[name].append(_run(cands[name], batches) / len(batches))
+        total = dict.fromkeys(names, 0.0)
+        for i in range(steps):
+            turn = (r * steps + i) % len(names)
+            for name in names[turn:] + names[:turn]:  # NB: rotated: no one always goes first
+                total[name] += _run(cands[name], [batches[i % len(batches)]], first=r * steps + i)
+        for name in names:
+            per_round[name].append(total[name] / steps)
     for cand in cands.values():
         cand.close()
-    out = StepTimes(workload.name)
+    out = StepTimes(workload.name, rounds=rounds, steps=steps)
     for name, times in per_round.items():
         out.ms[name] = Spread.of([t * 1000 for t in times])
         out.ratio[name] = Spread.of([t / p for t, p in zip(times, per_round["plain"], strict=True)])
     return out
 
 
-def _run(cand: Candidate, batches: list[Any]) -> float:
+def _fit(rounds: int, steps: int, turn_s: float, budget_s: float) -> tuple[int, int]:
+    """The most rounds and steps (at least 3 and 2) whose turns fit `budget_s`."""
+    while rounds * steps * turn_s > budget_s and (steps > 2 or rounds > 3):
+        if steps > 2:
+            steps -= 1
+        else:
+            rounds -= 1
+    return rounds, steps
+
+
+def _run(cand: Candidate, batches: list[Any], first: int = 0) -> float:
     _sync(cand.session.device)
-    start = time.perf_counter()
-    with cand.attached():
+    with cand.attached():  # NB: outside the timing: global hooks go on and off
+        start = time.perf_counter()
         for i, batch in enumerate(batches):
-            cand.step(i, batch)
-    _sync(cand.session.device)
-    return time.perf_counter() - start
+            cand.step(first + i, batch)
+        _sync(cand.session.device)
+        elapsed = time.perf_counter() - start
+    return elapsed
 
 
 def _sync(device: torch.device) -> None:

@@ -187,21 +187,27 @@ _user_globals: dict[str, Any] = {}  # what the user's code set, by name
 @contextlib.contextmanager
 def torch_globals() -> Iterator[None]:
     """Around one call into the user's code: apply what the user's code set before,
-    remember what it sets now, and put nandoctor's own values back afterwards."""
+    remember what it sets now, and put nandoctor's own values back afterwards.
+    NB: a few C calls in the common case (nothing set, nothing changed): it runs around
+    every call into the user's code, several a step."""
     settings = _globals()
-    ours = {name: get() for name, (get, _) in settings.items()}
+    getters = [get for get, _ in settings.values()]
+    ours = [get() for get in getters]
     for name, value in _user_globals.items():
         settings[name][1](value)
-    before = {name: get() for name, (get, _) in settings.items()}
+    before = [get() for get in getters] if _user_globals else ours
     try:
         yield
     finally:
-        for name, (get, set_) in settings.items():
-            now = get()
-            if now != before[name]:
-                _user_globals[name] = now
-            if now != ours[name]:
-                set_(ours[name])
+        now = [get() for get in getters]
+        if now != before or now != ours:
+            for (name, (_, set_)), value, was, own in zip(
+                settings.items(), now, before, ours, strict=True
+            ):
+                if value != was:
+                    _user_globals[name] = value
+                if value != own:
+                    set_(own)
 
 
 def changed_torch_globals() -> dict[str, Any]:

@@ -146,6 +146,7 @@ def announce(
     losses: list[float],
     grad: float,
     grad_scale: float | None = None,
+    loss_dtype: torch.dtype = torch.float32,
 ) -> list[Verdict]:
     """One step as `StepHooks` announces a user's step: a forward, loss and backward per
     micro-batch (the gradients as backward left them, still scaled), then the update."""
@@ -154,7 +155,7 @@ def announce(
     for loss in losses:
         ctx.batch = (torch.ones(2, 4),)
         sentinel.phase_ended(ctx, Phase.INPUT)
-        ctx.loss = torch.tensor(loss)
+        ctx.loss = torch.tensor(loss, dtype=loss_dtype)
         sentinel.phase_ended(ctx, Phase.LOSS)
         for p in run.params:
             p.grad = torch.full_like(p, grad)
@@ -263,3 +264,41 @@ def test_the_loss_a_model_output_carries_is_judged_apart_from_its_logits(loss, l
         run = hooked_run()
         verdict = one_step(Sentinel(run, thorough=True), run, (torch.ones(2, 4),), output, loss)
         assert verdict.failed and verdict.phase is phase, type(output)
+
+
+# -- the CPU's reading: flags judged on the host ------------------------------------------
+def test_huge_finite_gradients_are_not_a_failure_although_their_float32_norm_overflows():
+    """On the CPU the gradients' flag is their float32 norm's finiteness; 1e20 squared
+    overflows float32, so an infinite norm is rechecked element by element."""
+    run = hooked_run()
+    (verdict,) = announce(Sentinel(run), run, 0, [1.0], grad=1e20)
+    assert not verdict.failed and not verdict.reading.grads
+    assert math.isinf(verdict.reading.grad_norm)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_an_infinite_or_nan_gradient_fails_in_backward(bad):
+    run = hooked_run()
+    (verdict,) = announce(Sentinel(run), run, 4, [1.0], grad=bad)
+    assert verdict.failed and (verdict.step, verdict.phase) == (4, Phase.BACKWARD)
+
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("defer", [False, pytest.param(True, marks=[pytest.mark.cuda, NEEDS_CUDA])])
+def test_the_cpu_reading_and_the_device_reading_agree(defer):
+    """The deferred reading (CUDA's way: flags judged on the device) and the CPU's (flags
+    judged on the host) give the same verdicts, step by step."""
+    run = hooked_run()
+    sentinel = Sentinel(run, defer=defer)
+    grads = [0.5, 1e20, float("inf")]
+    verdicts = [announce(sentinel, run, i, [1.0], grad=g) for i, g in enumerate(grads)]
+    verdicts = [v for vs in verdicts for v in vs] + list(sentinel.collect(final=True))
+    assert [v.failed for v in verdicts] == [False, False, True]
+
+
+def test_a_float64_loss_beyond_float32_range_is_finite():
+    run = hooked_run()
+    (verdict,) = announce(Sentinel(run), run, 0, [1e300], grad=0.1, loss_dtype=torch.float64)
+    assert not verdict.failed and verdict.reading.loss == 1e300

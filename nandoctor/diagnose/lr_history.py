@@ -24,6 +24,7 @@ class LrHistory(Probe):
     """Probe: (step, lr) each time the first param group's rate changed at a step's start."""
 
     changes: list[tuple[int, float]] = field(default_factory=list)
+    forward_phase = False
 
     def step_started(self, ctx: StepContext) -> None:
         optimizer = ctx.session.optimizer

@@ -46,6 +46,8 @@ class _Peak:
 
 
 class HeadroomProbe(Probe):
+    forward_phase = False  # NB: its own hooks see every module's output
+
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self._acts: dict[str, _Peak] = {}

@@ -73,7 +73,14 @@ class StepContext:
 
 
 class Probe:
-    """Base class: every hook is a no-op; a probe overrides the ones it needs."""
+    """Base class: every hook is a no-op; a probe overrides the ones it needs.
+
+    `forward_phase`: the probe is told of the FORWARD phase (each call of the root
+    model, its output in `ctx.output`). Announcing it puts hooks on the model for the
+    step, which a probe that ignores the phase does not need to pay for.
+    """
+
+    forward_phase = True
 
     def __enter__(self) -> Probe:
         return self
@@ -99,6 +106,7 @@ class Probes(Probe):
 
     def __init__(self, *probes: Probe) -> None:
         self.probes = [p for p in probes if p is not None]
+        self.forward_phase = any(p.forward_phase for p in self.probes)
 
     def __enter__(self) -> Probes:
         for p in self.probes:

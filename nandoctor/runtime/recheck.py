@@ -35,6 +35,8 @@ class GradientCheck(Probe):
     """Raises its flag when the gradients are non-finite at the end of BACKWARD (each
     end, with gradient accumulation); watches nothing else. One host read, in `bad`."""
 
+    forward_phase = False
+
     def __init__(self, objects: TrainingObjects) -> None:
         self.objects = objects
         self._flag: torch.Tensor | None = None

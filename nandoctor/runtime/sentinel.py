@@ -6,6 +6,17 @@ on the host: the only synchronisation it adds, once per step. On CUDA even that 
 deferred by a step (a non-blocking copy into pinned memory plus an event), so the host
 never waits for the GPU to drain; the verdict of step N arrives after step N+1 was queued.
 
+NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain loop on a
+6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on the
+device. The loss's finiteness is read from the loss itself. On the CPU (read at once, not
+deferred) the gradients get one fused float32 norm, and their flag is the norm's
+finiteness: a NaN or inf element makes the norm NaN or inf, and a finite norm proves every
+element finite. Only an infinite norm is ambiguous (finite values of ~1e19 and up
+overflow its squares): that step, and only it, gets the exact check, at its end, while
+the gradients are still the step's. On CUDA, and in a data-parallel job (where each
+rank's flag must be exact before the rows are gathered), one fused float64 pass gives
+both, exactly (its squares hold up to 1e154).
+
 The same sentinel watches nandoctor's own step (`runtime.step.run_step`: diagnose,
 compare, the what-if replays) and a user's loop followed through hooks
 (`runtime.hooks.StepHooks`: Guard, watch). A foreign loop differs in what its driver
@@ -40,7 +51,15 @@ import torch
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects, device_of
-from nandoctor.runtime.tensors import floating, gradient_check, nonfinite, without_loss
+from nandoctor.runtime.tensors import (
+    extremes,
+    floating,
+    gradient_check,
+    nonfinite,
+    stacked,
+    tensor_norms,
+    without_loss,
+)
 
 if TYPE_CHECKING:
     from nandoctor.setup.distributed import Ranks
@@ -60,12 +79,12 @@ UNCHECKED = "unchecked"  # the driver could not recheck the step (a loop it cann
 # too, False when finite, None when it cannot (`runtime.recheck.ScaleOneRecheck`).
 Recheck = Callable[[int], "bool | None"]
 
-# The packed reading, in this order: one float64 per slot.
+# The packed reading, in this order: one float64 per slot. The loss's flag is not a slot:
+# the host reads it from the loss (`_reading`).
 _SLOTS = (
     "params_before",
     "input",
     "forward",
-    "loss_bad",
     "local_grads",  # this rank's gradients before the all-reduce (== grads outside DDP)
     "grads",
     "params",
@@ -74,6 +93,8 @@ _SLOTS = (
     "scale",
 )
 _ORIGIN_SLOTS = ("params_before", "input", "forward", "loss_bad", "local_grads")
+_INPUT, _GRADS, _LOCAL_GRADS = (_SLOTS.index(k) for k in ("input", "grads", "local_grads"))
+_GRAD_NORM, _SCALE = _SLOTS.index("grad_norm"), _SLOTS.index("scale")
 
 
 @dataclass(frozen=True)
@@ -150,16 +171,24 @@ class Sentinel(Probe):
         self.ranks = ranks
         self.defer = defer
         self.thorough = thorough
+        self.forward_phase = thorough  # NB: only `thorough` looks at the model's output
         self.recheck = recheck
         self._flags: dict[str, torch.Tensor] = {}
-        self._pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None, bool]] = []
+        self._pending: list[tuple[int, torch.Tensor | list[float], torch.cuda.Event | None, bool]]
+        self._pending = []
+        # NB: on the CPU, the step's gradients and their norms (their flag is the norms')
+        self._grads: list[torch.Tensor] | None = None
+        self._norms: list[torch.Tensor] = []
+        self._extremes: list[torch.Tensor] = []  # NB: on the CPU, the batch's, judged likewise
+        self._scaled = False  # those norms are of gradients that still carry the loss scale
+        self._zeros: dict[torch.device, torch.Tensor] = {}
         self._checked_params_once = False
         self._judge = Judge.for_scaler(objects.scaler, recheck)
         self._judged_scaler = objects.scaler
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
-        self._flags = {}
+        self._flags, self._grads, self._extremes, self._norms = {}, None, [], []
         if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
             params = self.objects.params  # NB: a hooked run may not know them before a step
             if params:
@@ -168,12 +197,16 @@ class Sentinel(Probe):
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.INPUT:
-            self._any("input", nonfinite(floating(ctx.batch), self._device()))
+            device = self._device()
+            if self._reads_at_once(device):  # judged on the host when the step ends
+                self._extremes += extremes(floating(ctx.batch))
+            else:
+                self._any("input", nonfinite(floating(ctx.batch), device))
         elif phase is Phase.FORWARD and self.thorough:
             output = floating(without_loss(ctx.output))  # its loss is the LOSS phase's
             self._any("forward", nonfinite(output, self._device()))
         elif phase is Phase.LOSS and ctx.loss is not None:
-            self._loss_ended(ctx.loss.detach().float())
+            self._loss_ended(ctx.loss.detach())  # NB: its own dtype: float64 stays exact
         elif phase is Phase.BACKWARD:
             self._grads_ended(ctx)
         elif phase is Phase.OPTIMIZER and self.thorough:
@@ -181,22 +214,25 @@ class Sentinel(Probe):
 
     def _loss_ended(self, loss: torch.Tensor) -> None:
         kept = self._flags.get("loss")
-        # NB: with several losses in a step (accumulation), a non-finite one is kept
+        # NB: with several losses in a step (accumulation), a non-finite one is kept: the
+        # step's loss is non-finite exactly when one of them was
         self._flags["loss"] = loss if kept is None else torch.where(_bad(kept), kept, loss)
-        self._any("loss_bad", _bad(loss))
 
     def _grads_ended(self, ctx: StepContext) -> None:
         device = self._device()
         grads = [p.grad for p in self.objects.params if p.grad is not None]
         # NB: sharded (FSDP): this rank's shards; clip's norm is the whole model's, not theirs
-        norm, bad = gradient_check(grads, device, None if self._sharded else ctx.grad_norm)
+        clip_norm = None if self._sharded else ctx.grad_norm
         carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is
-        if carried is not None:
-            norm = norm / carried
-        self._flags["grad_norm"] = norm
-        self._any("grads", bad)
-        local = self.ranks.local_grads_bad() if self.ranks is not None else None
-        self._any("local_grads", local if local is not None else bad)
+        if self._reads_at_once(device):  # judged on the host when the step ends
+            self._grads, self._scaled = grads, carried is not None
+            self._norms = [clip_norm.detach()] if clip_norm is not None else tensor_norms(grads)
+        else:
+            norm, bad = gradient_check(grads, device, clip_norm)
+            self._flags["grad_norm"] = norm / carried if carried is not None else norm
+            self._any("grads", bad)
+            local = self.ranks.local_grads_bad() if self.ranks is not None else None
+            self._any("local_grads", local if local is not None else bad)
         scale = carried if carried is not None else amp.scale_tensor(self.objects.scaler)
         if scale is not None:  # the scale this step used; update() changes it in place
             self._flags["scale"] = scale.detach().clone()
@@ -208,11 +244,12 @@ class Sentinel(Probe):
 
     def step_ended(self, ctx: StepContext) -> None:
         device = self._device()
-        if self.defer is None:
-            self.defer = device.type == "cuda"
         has_scale = "scale" in self._flags
-        zero = torch.zeros((), device=device)
-        packed = torch.stack([self._flags.get(k, zero).double().reshape(()) for k in _SLOTS])
+        if self._reads_at_once(device):
+            self._pending.append((ctx.step, self._read_now(), None, has_scale))
+            self._flags, self._grads, self._extremes, self._norms = {}, None, [], []
+            return
+        packed = torch.stack([self._slot(k, device) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
             packed = self.ranks.gather_rows(packed)
         if self.defer:
@@ -225,6 +262,50 @@ class Sentinel(Probe):
             self._pending.append((ctx.step, packed, None, has_scale))
         self._flags = {}
 
+    def _read_now(self) -> list[float]:
+        """The CPU's reading, read as the step ends: the flags and values the step set,
+        the batch's extremes and the gradients' norms (one per tensor, or clipping's
+        total), which become the input's flag, the gradients' norm and their flag here."""
+        keys = list(self._flags)
+        values = [*self._flags.values(), *self._extremes, *self._norms]
+        values = [v.float() if v.dtype == torch.bool else v for v in values]
+        values = [v if v.dim() == 0 else v.reshape(()) for v in values]
+        read = stacked(values).tolist()  # NB: the one host read per step
+        row = [0.0] * len(_SLOTS)
+        for key, value in zip(keys, read, strict=False):
+            row[_SLOTS.index(key)] = value
+        batch = read[len(keys) : len(keys) + len(self._extremes)]
+        row[_INPUT] = float(row[_INPUT] or not all(map(math.isfinite, batch)))
+        if self._grads is not None:
+            norms = read[len(keys) + len(self._extremes) :]
+            norm = math.sqrt(math.fsum(n * n for n in norms))  # NaN or inf if one is
+            row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
+            row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
+        return row
+
+    def _slot(self, key: str, device: torch.device) -> torch.Tensor:
+        value = self._flags.get(key)
+        if value is None:  # NB: one zero per device, not one per missing slot and step
+            value = self._zeros.get(device)
+            if value is None:
+                value = self._zeros[device] = torch.zeros((), dtype=torch.float64, device=device)
+            return value
+        return value.double().reshape(())
+
+    def _reads_at_once(self, device: torch.device) -> bool:
+        """The CPU's way: the step's reading is read when the step ends (no queue to wait
+        for), so the gradients' flag can come from their norms (module docstring)."""
+        if self.defer is None:
+            self.defer = device.type == "cuda"
+        return not self.defer and device.type == "cpu" and self.ranks is None
+
+    def _grads_bad(self, norm: float) -> bool:
+        """The gradients' flag from their norm: NaN or finite settle it; an infinite norm is
+        rechecked element by element (finite values beyond ~1e19 overflow its squares)."""
+        if not math.isinf(norm):
+            return math.isnan(norm)
+        return bool(nonfinite(self._grads or [], torch.device("cpu")))
+
     def _device(self) -> torch.device:
         return device_of(self.objects)
 
@@ -236,7 +317,10 @@ class Sentinel(Probe):
             step, values, event, has_scale = self._pending.pop(0)
             if event is not None:
                 event.synchronize()
-            rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
+            if isinstance(values, list):  # read when the step ended
+                rows = [values]
+            else:
+                rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
             yield self._current_judge()(_reading(step, rows, has_scale, self._sharded))
 
     @property
@@ -259,8 +343,12 @@ def _bad(value: torch.Tensor) -> torch.Tensor:
 def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool = False) -> Reading:
     """One reading from every rank's row: a flag is up if any rank raised it. `sharded`:
     each row's gradient norm is its rank's shard's, and the model's is their L2 sum."""
+    if len(rows) == 1:
+        return _one_rank(step, rows[0], has_scale)
     per_rank = [dict(zip(_SLOTS, row, strict=True)) for row in rows]
-    any_rank = {k: any(r[k] for r in per_rank) for k in _SLOTS}
+    for r in per_rank:  # NB: a step's kept loss is non-finite exactly when one of its was
+        r["loss_bad"] = not math.isfinite(r["loss"])
+    any_rank = {k: any(r[k] for r in per_rank) for k in (*_SLOTS, "loss_bad")}
     origin = tuple(i for i, r in enumerate(per_rank) if any(r[k] for k in _ORIGIN_SLOTS))
     bad = [i for i, r in enumerate(per_rank) if r["grads"] or r["params"]]
     first = per_rank[0]
@@ -277,6 +365,23 @@ def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool 
         scale=first["scale"] if has_scale else None,
         origin_ranks=origin if len(per_rank) > 1 else (),
         inherited_ranks=tuple(i for i in bad if i not in origin) if len(per_rank) > 1 else (),
+    )
+
+
+def _one_rank(step: int, row: list[float], has_scale: bool) -> Reading:
+    """`_reading` of a single process: its row as it is (NB: the common case, every step)."""
+    r = dict(zip(_SLOTS, row, strict=True))
+    return Reading(
+        step=step,
+        params_before=bool(r["params_before"]),
+        input=bool(r["input"]),
+        forward=bool(r["forward"]),
+        loss_bad=not math.isfinite(r["loss"]),
+        grads=bool(r["grads"]),
+        params=bool(r["params"]),
+        loss=r["loss"],
+        grad_norm=r["grad_norm"],
+        scale=r["scale"] if has_scale else None,
     )
 
 

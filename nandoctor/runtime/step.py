@@ -41,7 +41,7 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
     for index, part in enumerate(parts):
         ctx.micro_batch = index if isinstance(batch, MicroBatches) else None
         _forward_backward(session, ctx, probe, part, last=index == len(parts) - 1)
-    with _phase(ctx, probe, Phase.OPTIMIZER):
+    with _Phase(ctx, probe, Phase.OPTIMIZER):
         _optimizer_step(session, ctx)
     probe.step_ended(ctx)
     return ctx
@@ -50,17 +50,14 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
 def _forward_backward(
     session: Session, ctx: StepContext, probe: Probe, batch: Any, *, last: bool
 ) -> None:
-    with _phase(ctx, probe, Phase.INPUT):
+    with _Phase(ctx, probe, Phase.INPUT):
         ctx.batch = to_device(batch, session.device)
-    with (
-        _phase(ctx, probe, Phase.LOSS),
-        _forward_phases(ctx, probe, session.model),
-        session.autocast(),
-    ):
+    forward = _forward_phases(ctx, probe, session.model) if probe.forward_phase else _NO_HOOKS
+    with _Phase(ctx, probe, Phase.LOSS), forward, session.autocast():
         with user_code(f"loss (step {ctx.step})"):
             loss = session.loss_fn(session.train_model or session.model, ctx.batch)
         ctx.loss = _checked_loss(loss)
-    with _phase(ctx, probe, Phase.BACKWARD):
+    with _Phase(ctx, probe, Phase.BACKWARD):
         _backward(session, ctx, last=last)
     ctx.output = None  # NB: drop the graph's outputs now, not when ctx goes away
 
@@ -120,15 +117,28 @@ def _checked_loss(loss: Any) -> torch.Tensor:
     return loss.reshape(())
 
 
-@contextlib.contextmanager
-def _phase(ctx: StepContext, probe: Probe, phase: Phase) -> Iterator[None]:
-    ctx.phases.append(phase)
-    probe.phase_started(ctx, phase)
-    try:
-        yield
-        probe.phase_ended(ctx, phase)
-    finally:
-        ctx.phases.pop()
+class _Phase:
+    """One phase of the step: announced when it starts, and when it ends unless it raised.
+    NB: a class, not a generator: four of them a step, and every step counts."""
+
+    __slots__ = ("ctx", "phase", "probe")
+
+    def __init__(self, ctx: StepContext, probe: Probe, phase: Phase) -> None:
+        self.ctx, self.probe, self.phase = ctx, probe, phase
+
+    def __enter__(self) -> None:
+        self.ctx.phases.append(self.phase)
+        self.probe.phase_started(self.ctx, self.phase)
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        try:
+            if kind is None:
+                self.probe.phase_ended(self.ctx, self.phase)
+        finally:
+            self.ctx.phases.pop()
+
+
+_NO_HOOKS = contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -19,9 +19,14 @@ MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside a batch or a model output, in order (see `named_tensors`)."""
-    for _, t in named_tensors(obj):
-        yield t
+    """Every tensor inside a batch or a model output, in order (see `named_tensors`).
+    NB: its own walk, not `named_tensors` less the names: the sentinel walks each step's
+    batch, and building paths nobody reads costs more than the check on a small batch."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    for _, value in _parts(obj):
+        yield from iter_tensors(value)
 
 
 def named_tensors(obj: Any, path: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -116,7 +121,7 @@ def _grouped_norms(
     """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        t = _plain(local(t).detach())
+        t = _plain(local(t).detach() if t.requires_grad else local(t))
         groups.setdefault((t.device, t.dtype), []).append(t)
     norms: list[torch.Tensor] = []
     for (device, group_dtype), group in groups.items():
@@ -150,6 +155,12 @@ def _foreach_norm(group: list[torch.Tensor], ord: float, dtype: torch.dtype) -> 
         return [torch.linalg.vector_norm(t, ord, dtype=dtype) for t in group]
 
 
+def tensor_norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's L2 norm (in no fixed order), accumulated in at least float32: one
+    fused kernel per (device, dtype) group, whatever the number of tensors."""
+    return _grouped_norms(tensors, 2.0)
+
+
 def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The global L2 norm of `tensors`, accumulated in float32, for telemetry.
 
@@ -169,19 +180,41 @@ def nonfinite(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Te
     differs by device: on the CPU, each tensor's min and max (NaN propagates into both);
     on CUDA, one fused float64 L1 norm per dtype group instead of a kernel per tensor.
     """
-    tensors = [
-        _plain(local(t).detach())
-        for t in tensors
-        if (t.is_floating_point() or t.is_complex()) and t.numel() and not t.is_meta
-    ]
-    tensors = [t for t in tensors if t.numel()]
+    tensors = _checkable(tensors)
     if not tensors:
         return torch.zeros((), dtype=torch.bool, device=device)
     if device.type == "cpu":
-        extremes = [v.double() for t in tensors for v in torch.aminmax(_real(t))]
-        return ~torch.isfinite(torch.stack(extremes)).all()
+        values = stacked(extremes(tensors))
+        # NB: x - x is NaN exactly when x is NaN or inf: three small kernels where
+        # isfinite, all and a negation take five
+        return torch.isnan(values - values).any()
     sums = _grouped_norms(tensors, 1.0, torch.float64)
     return ~torch.isfinite(torch.stack([s.to(device) for s in sums])).all()
+
+
+def extremes(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's min and max (0-dim, in its dtype): all of them are finite exactly
+    when every element is (a NaN propagates into both). The CPU's cheapest exact check:
+    one kernel per tensor, judged wherever the values are read."""
+    return [v for t in _checkable(tensors) for v in torch.aminmax(_real(t))]
+
+
+def _checkable(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors with values to check, as strided real tensors of this rank."""
+    out = []
+    for t in tensors:
+        if (t.is_floating_point() or t.is_complex()) and t.numel() and not t.is_meta:
+            t = _plain(local(t).detach() if t.requires_grad else local(t))
+            if t.numel():
+                out.append(t)
+    return out
+
+
+def stacked(values: list[torch.Tensor]) -> torch.Tensor:
+    """0-dim tensors as one, widened to a common dtype when theirs differ."""
+    if len({v.dtype for v in values}) > 1:
+        values = [v.double() for v in values]  # NB: widening keeps inf and NaN
+    return torch.stack(values)
 
 
 def gradient_check(
@@ -204,6 +237,8 @@ def gradient_check(
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a sharded tensor (a DTensor: FSDP's parameters, gradients and
     optimizer state), the tensor itself otherwise: the checks here never cross ranks."""
+    if type(t) is torch.Tensor:  # NB: the common case, without a failed attribute lookup
+        return t
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 

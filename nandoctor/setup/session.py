@@ -50,6 +50,8 @@ class Session:
     notes: list[str] = field(default_factory=list)
     ranks: Ranks | None = None  # this process's place in a data-parallel job
     train_model: torch.nn.Module | None = None  # what the loss calls: the DDP wrapper, or model
+    _params: list[torch.nn.Parameter] | None = field(default=None, init=False, repr=False)
+    _params_of: torch.nn.Module | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.train_model is None:
@@ -57,7 +59,13 @@ class Session:
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        """The trainable parameters, as the run's start found them (the optimizer was built
+        from them). NB: kept, not walked again: the sentinel asks every step, and walking a
+        transformer's modules costs more than checking a small model's gradients."""
+        if self._params is None or self._params_of is not self.model:
+            self._params = [p for p in self.model.parameters() if p.requires_grad]
+            self._params_of = self.model
+        return self._params
 
     @property
     def clip_grad_norm(self) -> float | None:
