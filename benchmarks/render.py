@@ -29,15 +29,20 @@ above were measured; they are CPU figures.
 WHY = """\
 ## Why the sentinel is cheap
 
-- **No hooks on every module, no per-op checks.** Per step it adds: an exact finite check
-  of the batch, the loss, and the gradients (each tensor's min and max on the CPU; one
-  fused float64 pass on CUDA, which also gives the norm), and the global gradient norm
-  for telemetry. That is two passes over the gradients on the CPU, one on CUDA, and
-  nothing on the compute side. The model's output and the weights after each update are
-  not checked every step: a broken output shows in the loss, broken weights at the next
-  step, and the replay of the bad step names the exact phase either way.
-- **One read per step.** The flags and the telemetry (loss, gradient norm, loss scale)
-  are stacked into one 10-number tensor and read once. On CUDA the read is a
+- **No hooks on every module, no per-op checks.** Per step it adds one pass over the
+  gradients and one over the batch, nothing on the compute side. On CUDA one fused
+  float64 pass gives the gradients' norm and their exact finite flag (float64 squares
+  of any float32 value stay finite). On the CPU each gradient's float32 norm (one fused
+  call) is both: a NaN or inf makes a norm NaN or inf, and a finite norm proves every
+  element finite; only an infinite norm is ambiguous (finite values of ~1e19 and up
+  overflow its squares), and that step alone gets an exact element check. The batch is
+  judged by each tensor's min and max, the loss by its value. The model's output and
+  the weights after each update are not checked every step: a broken output shows in
+  the loss, broken weights at the next step, and the replay of the bad step names the
+  exact phase either way.
+- **One read per step.** The values are stacked into one small tensor and read once.
+  On the CPU the host judges them when the step ends (no kernel for what a value can
+  say itself). On CUDA the flags are judged on the device and the read is a
   non-blocking copy into pinned memory, checked one step later: when the step already
   synchronised (the GradScaler reads `found_inf` every step) the copy is long done and
   nothing waits; without a GradScaler the host waits for step N while step N+1 is
@@ -55,8 +60,10 @@ def render_markdown(results: dict, command: str) -> str:
         "# Performance",
         "",
         "What nandoctor costs next to the loop you would write, measured side by side in one",
-        "process with the candidates interleaved (the machine is noisy: every figure is a",
-        "median over rounds, with its range; every ratio is taken within a round).",
+        "process: every candidate steps the same training run, taking turns a step each in",
+        "a rotating order (two copies of a run, both stepped by the plain loop, differ by up",
+        "to 7% here on their own: where their memory lies). Every ratio is taken within a",
+        "round of turns; every figure is the median over rounds, with its range.",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} torch threads, torch {m['torch']}"
         + (f", GPU {m['gpu']}" if m.get("gpu") else "")
@@ -144,7 +151,9 @@ def _step_table(results: dict) -> list[str]:
         "## Step time",
         "",
         "Median per-step time of the plain loop, and each candidate's time as a multiple of",
-        "it (its range over the rounds).",
+        "it (its range over the rounds). Rounds x turns per workload: "
+        + ", ".join(f"{s['workload']} {s['rounds']}x{s['steps']}" for s in results["step_times"])
+        + " (fewer where a step takes seconds).",
         "",
     ]
     out.append("| workload | plain | " + " | ".join(n for n in names if n != "plain") + " |")
@@ -173,8 +182,9 @@ def _step_table(results: dict) -> list[str]:
         "from `sentinel` only by the hooks' host-side bookkeeping (a Python call per module",
         "call): small next to a step of real work, visible on the millisecond-sized steps.",
         "",
-        "On this shared 2-core machine a run's noise (the ranges) is larger than the",
-        "sentinel's cost on the transformer: its median can land below 1.",
+        "On this shared 2-core machine a round's noise (the ranges) is larger than the",
+        "sentinel's cost: a median can land below 1, and two measurements of the same",
+        "code differ by a few per cent on the millisecond-sized steps.",
         "",
     ]
     return out

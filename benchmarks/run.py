@@ -1,6 +1,6 @@
 """`python -m benchmarks`: run every figure, print a table, write docs/performance.md.
 
-python -m benchmarks                       # CPU sizes, about 10 minutes on 2 cores
+python -m benchmarks                       # CPU sizes, about 30 minutes on 2 cores
 python -m benchmarks --size tiny --rounds 1 --steps 2 --failing-step 6 --out -   # smoke
 python -m benchmarks --size gpu --device cuda   # on a GPU (see benchmarks/gpu_check.sh)
 """
@@ -31,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.manual_seed(0)
     results: dict = {"machine": machine(args), "size": args.size, "device": args.device}
-    results["focus"] = args.focus
     step_names = args.workloads or STEP_WORKLOADS
     results["step_times"] = [
         dataclasses.asdict(
@@ -39,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for w in step_names
     ]
+    args.focus = _focus(args.focus, results["machine"])
+    results["focus"] = args.focus
     focus = WORKLOADS[args.focus]
     # NB: on a GPU every workload: its synchronisations per step are the figure to settle
     read_names = step_names if args.device.startswith("cuda") else [args.focus, "mlp-fp16"]
@@ -73,6 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _focus(focus: str, machine: dict) -> str:
+    """`auto`: the bfloat16 transformer where the CPU runs bfloat16 matmuls natively (or
+    on a GPU), else the float32 one (emulated bfloat16 takes seconds a step there)."""
+    if focus != "auto":
+        return focus
+    flags = machine.get("cpu_flags") or {}
+    native = machine.get("gpu") or flags.get("avx512_bf16") or flags.get("amx_bf16")
+    return "transformer-bf16" if native else "transformer-fp32"
+
+
 def machine(args: argparse.Namespace) -> dict:
     cpu, flags = "unknown CPU", set()
     try:
@@ -104,16 +115,21 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=["tiny", "cpu", "gpu"], default="cpu")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per figure")
-    p.add_argument("--steps", type=int, default=10, help="steps per candidate per round")
+    p.add_argument("--rounds", type=int, default=9, help="rounds per step-time figure")
+    p.add_argument(
+        "--steps", type=int, default=10, help="turns per round (a step of each candidate)"
+    )
     p.add_argument(
         "--failing-step", type=int, default=300, help="where the time-to-diagnosis run fails"
     )
     p.add_argument(
-        "--focus", default="transformer-bf16", help="the workload of the detailed figures"
+        "--focus",
+        default="auto",
+        help="the workload of the detailed figures (auto: transformer-bf16 where the CPU "
+        "has avx512_bf16 or amx_bf16, or on a GPU; else transformer-fp32)",
     )
     p.add_argument(
-        "--verified-workload", default="mlp-bf16", help="the run of the verified diagnosis"
+        "--verified-workload", default="mlp-fp32", help="the run of the verified diagnosis"
     )
     p.add_argument(
         "--verified-failing-step",
