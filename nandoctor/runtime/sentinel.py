@@ -94,7 +94,7 @@ _SLOTS = (
 )
 _ORIGIN_SLOTS = ("params_before", "input", "forward", "loss_bad", "local_grads")
 _INPUT, _GRADS, _LOCAL_GRADS = (_SLOTS.index(k) for k in ("input", "grads", "local_grads"))
-_GRAD_NORM, _SCALE = _SLOTS.index("grad_norm"), _SLOTS.index("scale")
+_GRAD_NORM, _SCALE, _LOSS = (_SLOTS.index(k) for k in ("grad_norm", "scale", "loss"))
 
 
 @dataclass(frozen=True)
@@ -178,17 +178,20 @@ class Sentinel(Probe):
         self._pending = []
         # NB: on the CPU, the step's gradients and their norms (their flag is the norms')
         self._grads: list[torch.Tensor] | None = None
-        self._norms: list[torch.Tensor] = []
+        self._norms: list[torch.Tensor] | None = []  # None: measured when the step ends
+        self._losses: list[torch.Tensor] = []  # NB: on the CPU, the step's, judged likewise
         self._extremes: list[torch.Tensor] = []  # NB: on the CPU, the batch's, judged likewise
         self._scaled = False  # those norms are of gradients that still carry the loss scale
         self._zeros: dict[torch.device, torch.Tensor] = {}
+        self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
         self._checked_params_once = False
         self._judge = Judge.for_scaler(objects.scaler, recheck)
         self._judged_scaler = objects.scaler
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
-        self._flags, self._grads, self._extremes, self._norms = {}, None, [], []
+        self._flags, self._grads, self._norms = {}, None, []
+        self._extremes, self._losses = [], []
         if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
             params = self.objects.params  # NB: a hooked run may not know them before a step
             if params:
@@ -206,7 +209,10 @@ class Sentinel(Probe):
             output = floating(without_loss(ctx.output))  # its loss is the LOSS phase's
             self._any("forward", nonfinite(output, self._device()))
         elif phase is Phase.LOSS and ctx.loss is not None:
-            self._loss_ended(ctx.loss.detach())  # NB: its own dtype: float64 stays exact
+            if self._reads_at_once(self._device()):  # judged on the host when the step ends
+                self._losses.append(ctx.loss)
+            else:
+                self._loss_ended(ctx.loss.detach())  # NB: its own dtype: float64 stays exact
         elif phase is Phase.BACKWARD:
             self._grads_ended(ctx)
         elif phase is Phase.OPTIMIZER and self.thorough:
@@ -226,7 +232,12 @@ class Sentinel(Probe):
         carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is
         if self._reads_at_once(device):  # judged on the host when the step ends
             self._grads, self._scaled = grads, carried is not None
-            self._norms = [clip_norm.detach()] if clip_norm is not None else tensor_norms(grads)
+            if clip_norm is not None:
+                self._norms = [clip_norm.detach()]
+            elif ctx.grads_final:  # NB: measured when the step ends: the same gradients,
+                self._norms = None  # then warm from the update that read them
+            else:
+                self._norms = tensor_norms(grads)
         else:
             norm, bad = gradient_check(grads, device, clip_norm)
             self._flags["grad_norm"] = norm / carried if carried is not None else norm
@@ -247,7 +258,8 @@ class Sentinel(Probe):
         has_scale = "scale" in self._flags
         if self._reads_at_once(device):
             self._pending.append((ctx.step, self._read_now(), None, has_scale))
-            self._flags, self._grads, self._extremes, self._norms = {}, None, [], []
+            self._flags, self._grads, self._norms = {}, None, []
+            self._extremes, self._losses = [], []
             return
         packed = torch.stack([self._slot(k, device) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
@@ -267,17 +279,24 @@ class Sentinel(Probe):
         the batch's extremes and the gradients' norms (one per tensor, or clipping's
         total), which become the input's flag, the gradients' norm and their flag here."""
         keys = list(self._flags)
-        values = [*self._flags.values(), *self._extremes, *self._norms]
-        values = [v.float() if v.dtype == torch.bool else v for v in values]
-        values = [v if v.dim() == 0 else v.reshape(()) for v in values]
-        read = stacked(values).tolist()  # NB: the one host read per step
+        norms = self._norms if self._norms is not None else tensor_norms(self._grads or [])
+        values = [*self._flags.values(), *self._losses, *self._extremes, *norms]
+        values = [_scalar(v) for v in values]
+        with torch.no_grad():  # NB: the losses still hold their graphs
+            read = stacked(values).tolist()  # NB: the one host read per step
         row = [0.0] * len(_SLOTS)
         for key, value in zip(keys, read, strict=False):
             row[_SLOTS.index(key)] = value
-        batch = read[len(keys) : len(keys) + len(self._extremes)]
+        read = read[len(keys) :]
+        losses, read = read[: len(self._losses)], read[len(self._losses) :]
+        # NB: with several losses in a step (accumulation), a non-finite one is kept
+        row[_LOSS] = next(
+            (x for x in losses if not math.isfinite(x)), losses[-1] if losses else 0.0
+        )
+        batch = read[: len(self._extremes)]
         row[_INPUT] = float(row[_INPUT] or not all(map(math.isfinite, batch)))
         if self._grads is not None:
-            norms = read[len(keys) + len(self._extremes) :]
+            norms = read[len(self._extremes) :]
             norm = math.sqrt(math.fsum(n * n for n in norms))  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
             row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
@@ -295,9 +314,12 @@ class Sentinel(Probe):
     def _reads_at_once(self, device: torch.device) -> bool:
         """The CPU's way: the step's reading is read when the step ends (no queue to wait
         for), so the gradients' flag can come from their norms (module docstring)."""
-        if self.defer is None:
-            self.defer = device.type == "cuda"
-        return not self.defer and device.type == "cpu" and self.ranks is None
+        if self._at_once is None or self._at_once[0] != device:  # NB: asked 4 times a step
+            if self.defer is None:
+                self.defer = device.type == "cuda"
+            at_once = not self.defer and device.type == "cpu" and self.ranks is None
+            self._at_once = (device, at_once)
+        return self._at_once[1]
 
     def _grads_bad(self, norm: float) -> bool:
         """The gradients' flag from their norm: NaN or finite settle it; an infinite norm is
@@ -334,6 +356,13 @@ class Sentinel(Probe):
         if scaler is not self._judged_scaler and self._judge.streak == 0:
             self._judge, self._judged_scaler = Judge.for_scaler(scaler, self.recheck), scaler
         return self._judge
+
+
+def _scalar(value: torch.Tensor) -> torch.Tensor:
+    """A 0-dim number to stack with the others (a flag as 0.0 or 1.0)."""
+    if value.dtype == torch.bool:
+        value = value.float()
+    return value if value.dim() == 0 else value.reshape(())
 
 
 def _bad(value: torch.Tensor) -> torch.Tensor:
