@@ -119,9 +119,43 @@ def _targets(results: dict) -> list[str]:
     return [
         *out,
         "",
+        "What each target is: the sentinel is what `diagnose` pays every step until the",
+        "failure (1.03x); snapshots, kept so the bad step can be replayed, and the hooks of",
+        "`Guard` and `watch` on a loop nandoctor did not write may add a little more (1.05x);",
+        "a diagnosis should arrive soon after the plain loop would have reached the failure",
+        "(1.3x), and with every fix verified still well before anomaly mode's ~2x (1.5x);",
+        "the snapshots hold at most two copies of the training state (2x).",
+        "",
         "A step-time target is met when the median of the candidate's ratios to the plain",
         "loop, each taken within one round, is at most the target; the range is in the",
         "step-time table below.",
+        "",
+        *_missed(results["step_times"]),
+    ]
+
+
+def _missed(steps: list[dict]) -> list[str]:
+    """The step-time targets missed, each with its cost in milliseconds a step: a fixed
+    cost reads as a large ratio on a short step, a small one on a long step."""
+    rows, longest = [], 0.0
+    for s in steps:
+        plain = s["ms"]["plain"]["median"]
+        for name, target in STEP_TARGETS.items():
+            r = s["ratio"].get(name)
+            if r is not None and r["median"] > target:
+                extra = (r["median"] - 1) * plain
+                rows.append(f"`{name}` on {s['workload']} ({plain:.1f} ms): {extra:+.2f} ms")
+                longest = max(longest, plain)
+    if not rows:
+        return []
+    why = [
+        "All on steps of a few milliseconds, where a fixed cost of a few tenths of a",
+        "millisecond (the pass over the gradients, the Python at each phase, the first",
+        "kernel after the update meeting cold caches) is several per cent.",
+    ]
+    return [
+        "Missed, with what the ratio means in time a step: " + "; ".join(rows) + ".",
+        *(why if longest < 20 else []),
         "",
     ]
 

@@ -60,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = measure.snapshot_memory(focus, args.size, args.device)
     results["snapshot_memory"] = {**dataclasses.asdict(memory), "ratio": memory.ratio}
     results["peak_memory_mb"] = measure.peak_memory(focus, args.size, args.device)
-    text = render_markdown(
-        results, command=" ".join(["python -m benchmarks", *(argv or sys.argv[1:])])
-    )
+    text = render_markdown(results, command=_command(argv if argv is not None else sys.argv[1:]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.out == "-":
@@ -72,6 +70,19 @@ def main(argv: list[str] | None = None) -> int:
         render_png(results, Path(args.out).with_name("performance.png"))
         print(text)
     return 0
+
+
+def _command(argv: list[str]) -> str:
+    """The command that reproduces the page: this one, less where it wrote its output."""
+    shown, skip = ["python -m benchmarks"], False
+    for arg in argv:
+        if skip or arg.startswith(("--json=", "--out=")):
+            skip = False
+            continue
+        skip = arg in ("--json", "--out")
+        if not skip:
+            shown.append(arg)
+    return " ".join(shown)
 
 
 def _focus(focus: str, machine: dict) -> str:

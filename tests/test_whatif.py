@@ -21,6 +21,7 @@ from nandoctor.diagnose.verify import (
     Plan,
     Resume,
     Verdict,
+    _loss_words,
     applies,
     combined,
     origin_site,
@@ -267,3 +268,20 @@ def test_zeroing_is_for_loaded_weights_only():
 def test_a_case_needs_evidence_for_a_backward_site():
     plain = replace(case("aten.div.Tensor", "backward"), evidence=Evidence())
     assert origin_site(plain).family == "div"  # no backward_of: the op's own family
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "reference", "words"),
+    [
+        (2.19, 1.1, None, "; the loss fell from 2.19 to 1.1"),
+        (2.3026, 2.3019, 2.31, "; the loss held at 2.3 (the original run's was 2.31)"),
+        (2.30, 2.31, 2.31, "; the loss held at 2.31 (the original run's was 2.31)"),
+        (None, None, None, ""),
+    ],
+)
+def test_a_held_fix_says_how_its_loss_went_in_words_its_numbers_allow(
+    start, end, reference, words
+):
+    """Never "fell from 2.3 to 2.3": a resumed check may hold level, judged against the
+    original run's loss."""
+    assert _loss_words(start, end, reference) == words

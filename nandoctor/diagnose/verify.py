@@ -403,12 +403,21 @@ def _judge(
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
         return Verdict(Replay.STOPPED_LEARNING, why)
-    fell = (
-        f"; the loss fell from {learning.start:.3g} to {learning.end:.3g}"
-        if learning.start is not None and learning.end is not None
-        else ""
-    )
-    return Verdict(Replay.HELD, f"{fixed}, {finite}, past the failing step {case.first.step}{fell}")
+    loss = _loss_words(learning.start, learning.end, case.reference_loss)
+    return Verdict(Replay.HELD, f"{fixed}, {finite}, past the failing step {case.first.step}{loss}")
+
+
+def _loss_words(start: float | None, end: float | None, reference: float | None) -> str:
+    """How the check's loss went, in the words its numbers allow (NB: a resumed check is
+    judged against the original run's loss, and may hold level without falling)."""
+    if start is None or end is None:
+        return ""
+    a, b = f"{start:.3g}", f"{end:.3g}"
+    if end < start and a != b:
+        return f"; the loss fell from {a} to {b}"
+    if reference is not None:
+        return f"; the loss held at {b} (the original run's was {reference:.3g})"
+    return f"; the loss went from {a} to {b}"
 
 
 def _close(a: float, b: float) -> bool:
