@@ -302,3 +302,17 @@ def test_a_float64_loss_beyond_float32_range_is_finite():
     run = hooked_run()
     (verdict,) = announce(Sentinel(run), run, 0, [1e300], grad=0.1, loss_dtype=torch.float64)
     assert not verdict.failed and verdict.reading.loss == 1e300
+
+
+def test_a_step_that_announced_nothing_but_its_update_reads_as_clean():
+    """A hooked step may open with the optimizer's step alone (nothing to read on the
+    CPU): a clean reading, not an error."""
+    run = hooked_run()
+    sentinel = Sentinel(run)
+    announce(sentinel, run, 0, [1.0], grad=0.1)  # the weights are checked once, here
+    ctx = StepContext(run, 1, None)
+    sentinel.step_started(ctx)
+    sentinel.phase_ended(ctx, Phase.OPTIMIZER)
+    sentinel.step_ended(ctx)
+    (verdict,) = sentinel.collect()
+    assert not verdict.failed and verdict.reading.step == 1

@@ -279,9 +279,7 @@ def test_a_case_needs_evidence_for_a_backward_site():
         (None, None, None, ""),
     ],
 )
-def test_a_held_fix_says_how_its_loss_went_in_words_its_numbers_allow(
-    start, end, reference, words
-):
+def test_a_held_fix_says_how_its_loss_went_in_words_its_numbers_allow(start, end, reference, words):
     """Never "fell from 2.3 to 2.3": a resumed check may hold level, judged against the
     original run's loss."""
     assert _loss_words(start, end, reference) == words

@@ -283,7 +283,7 @@ class Sentinel(Probe):
         values = [*self._flags.values(), *self._losses, *self._extremes, *norms]
         values = [_scalar(v) for v in values]
         with torch.no_grad():  # NB: the losses still hold their graphs
-            read = stacked(values).tolist()  # NB: the one host read per step
+            read = stacked(values).tolist() if values else []  # NB: the one host read per step
         row = [0.0] * len(_SLOTS)
         for key, value in zip(keys, read, strict=False):
             row[_SLOTS.index(key)] = value
