@@ -121,7 +121,7 @@ def _grouped_norms(
     """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        t = _plain(local(t).detach() if t.requires_grad else local(t))
+        t = _values(t)
         groups.setdefault((t.device, t.dtype), []).append(t)
     norms: list[torch.Tensor] = []
     for (device, group_dtype), group in groups.items():
@@ -134,6 +134,13 @@ def _grouped_norms(
         else:
             norms.extend(torch.linalg.vector_norm(t, ord, dtype=acc) for t in group)
     return norms
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values to reduce: this rank's, strided and real, outside autograd (NB: a
+    detach only where needed: a gradient or a batch never requires grad)."""
+    t = local(t)
+    return _plain(t.detach() if t.requires_grad else t)
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -204,7 +211,7 @@ def _checkable(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     out = []
     for t in tensors:
         if (t.is_floating_point() or t.is_complex()) and t.numel() and not t.is_meta:
-            t = _plain(local(t).detach() if t.requires_grad else local(t))
+            t = _values(t)
             if t.numel():
                 out.append(t)
     return out
