@@ -102,8 +102,6 @@ def diagnose(
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),
     )
-    if result.ended_by is not None:
-        findings.later_notes.append(result.ended_by)
     failure = result.failure
     if failure is not None and failure.step is not None:
         try:
