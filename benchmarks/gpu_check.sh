@@ -17,8 +17,9 @@ for config in configs/seed-fp16-nan.yaml configs/fp16-overflow.yaml configs/expl
     python -m nandoctor diagnose "$config" --device cuda --no-verify --json "$out/$(basename "$config" .yaml).json" -q || true
 done
 # 3. the benchmark at GPU sizes, with device syncs counted by torch's sync debug mode
-python -m benchmarks --size gpu --device cuda --rounds 5 --steps 20 --failing-step 300 \
-    --verified-failing-step 1000 --out "$out/performance-gpu.md" --json "$out/performance-gpu.json"
+python -m benchmarks --size gpu --device cuda --rounds 5 --steps 20 --step-budget 20 \
+    --failing-step 300 --verified-failing-step 1000 \
+    --out "$out/performance-gpu.md" --json "$out/performance-gpu.json"
 # 4. the answer in one screen: the targets, then the synchronisations per step
 sed -n '/^## Targets/,/^## Step time/p' "$out/performance-gpu.md" | head -n -1
 sed -n '/^## Host reads per step/,/^## Time to diagnosis/p' "$out/performance-gpu.md" | head -n -1

@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     step_names = args.workloads or STEP_WORKLOADS
     results["step_times"] = [
         dataclasses.asdict(
-            measure.step_times(WORKLOADS[w], args.size, args.device, args.rounds, args.steps)
+            measure.step_times(
+                WORKLOADS[w], args.size, args.device, args.rounds, args.steps, args.step_budget
+            )
         )
         for w in step_names
     ]
@@ -149,6 +151,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where the run of the verified diagnosis fails",
     )
     p.add_argument("--workloads", nargs="*", help="only these step-time workloads")
+    p.add_argument(
+        "--step-budget",
+        type=float,
+        default=measure.STEP_BUDGET_S,
+        help="seconds of step-time turns per workload, at most (fewer rounds beyond it)",
+    )
     p.add_argument(
         "--out", default="docs/performance.md", help="the Markdown page ('-': stdout only)"
     )
