@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from nandoctor.render.terminal import StepProgress, quiet_lines, render_report
+from nandoctor.render.terminal import StepProgress, describe_run, quiet_lines, render_report
 from nandoctor.report.evidence import Evidence, ModuleStat, Producer, Recompute, TensorStats
 from nandoctor.report.types import (
     Environment,
@@ -18,6 +18,9 @@ from nandoctor.report.types import (
     Telemetry,
     Transient,
 )
+from nandoctor.setup.load import load_config
+from nandoctor.setup.session import build_session
+from tests.conftest import base_config
 
 SOURCE = """def loss(model, batch):
     x, y = batch
@@ -173,3 +176,16 @@ def test_the_progress_bar_shows_the_time_left():
     console.print(bar.make_tasks_table(bar.tasks))
     line = console.file.getvalue()
     assert "5/10" in line and "loss 0.5" in line and "eta" in line
+
+
+def test_the_run_line_says_when_the_cpu_follows_cudas_autocast_lists(project):
+    """The header names the autocast a CPU run computes with: CUDA's lists (the default
+    policy) or the CPU's own."""
+
+    def run_line(policy: str) -> str:
+        precision = {"dtype": "float16", "autocast_policy": policy}
+        config = project(base_config(precision=precision, device="cpu"))
+        return describe_run(build_session(load_config(config)))
+
+    assert "float16 autocast (CUDA's lists)" in run_line("cuda")
+    assert "float16 autocast ·" in run_line("native")

@@ -55,6 +55,8 @@ def print_header(console: Console, command: str, config_path: str, session: Sess
 def describe_run(session: Session) -> str:
     dtype = str(session.dtype).removeprefix("torch.")
     parts = [str(session.device), f"{dtype} autocast" if dtype != "float32" else "float32"]
+    if session.emulates_cuda_autocast:  # NB: the CPU computes what a CUDA job would
+        parts[-1] += " (CUDA's lists)"
     if session.scaler is not None:
         parts.append(f"GradScaler (init scale {session.scaler.get_scale():g})")
     clip = session.config.clip_grad_norm
