@@ -18,9 +18,11 @@ from benchmarks.candidates import Candidate, available, plain_step
 from benchmarks.workloads import Workload
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.localize.tracer import Tracer
+from nandoctor.report.types import Report
 from nandoctor.runtime.snapshot import SnapshotStore, state_bytes
 from nandoctor.runtime.step import run_step
 from nandoctor.runtime.tensors import iter_tensors
+from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import build_session
 
 
@@ -199,16 +201,10 @@ class DiagnosisTime:
 def time_to_diagnosis(
     workload: Workload, size: str, device: str, failing_step: int
 ) -> DiagnosisTime:
-    steps = failing_step + 10
-    loaded = workload.config(size, steps, device, nan_at=failing_step)
-    plain = _timed(lambda: _loop_until(loaded, failing_step, anomaly=False))
-    start = time.perf_counter()
-    report = diagnose(loaded, DiagnoseOptions(verify=False))
-    ours = time.perf_counter() - start
+    loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
+    plain, ours, report = _beside_plain(loaded, failing_step, DiagnoseOptions(verify=False))
     anomaly = _timed(lambda: _loop_until(loaded, failing_step, anomaly=True))
-    first = report.first_nonfinite
-    found = f"step {first.step}, phase {first.phase}, {first.tensor}" if first else report.status
-    return DiagnosisTime(failing_step, plain, ours, anomaly, found)
+    return DiagnosisTime(failing_step, plain, ours, anomaly, _found(report))
 
 
 @dataclass
@@ -230,14 +226,25 @@ def time_to_verified_diagnosis(
     """`diagnose` with verification (no budget cut: every fix is replayed), next to the
     plain loop reaching the failing step: the answer a user gets instead of anomaly mode's."""
     loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
+    options = DiagnoseOptions(verify=True, verify_budget=float("inf"))
+    plain, ours, report = _beside_plain(loaded, failing_step, options)
+    verdicts = [f"{c.id}: {c.verification}" for c in report.causes]
+    return VerifiedTime(failing_step, plain, ours, _found(report), verdicts)
+
+
+def _beside_plain(
+    loaded: LoadedConfig, failing_step: int, options: DiagnoseOptions
+) -> tuple[float, float, Report]:
+    """(the plain loop's seconds to the failing step, diagnose's seconds, its report)."""
     plain = _timed(lambda: _loop_until(loaded, failing_step, anomaly=False))
     start = time.perf_counter()
-    report = diagnose(loaded, DiagnoseOptions(verify=True, verify_budget=float("inf")))
-    ours = time.perf_counter() - start
+    report = diagnose(loaded, options)
+    return plain, time.perf_counter() - start, report
+
+
+def _found(report: Report) -> str:
     first = report.first_nonfinite
-    found = f"step {first.step}, phase {first.phase}, {first.tensor}" if first else report.status
-    verdicts = [f"{c.id}: {c.verification}" for c in report.causes]
-    return VerifiedTime(failing_step, plain, ours, found, verdicts)
+    return f"step {first.step}, phase {first.phase}, {first.tensor}" if first else report.status
 
 
 def _loop_until(loaded, failing_step: int, anomaly: bool) -> None:
