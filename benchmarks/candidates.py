@@ -3,6 +3,8 @@
 
 - plain: the loop a user writes (autocast, GradScaler, unscale_, step, update);
 - loop: nandoctor's step with no probe (the price of the phases alone);
+- plain+norm: the plain loop plus one fused norm of its gradients, read each step: the
+  least any exact per-step check of the gradients costs (the sentinel's floor);
 - sentinel: nandoctor's step with the sentinel, read every step (what `diagnose` runs);
 - sentinel+snapshots: the same, plus the snapshot store (what `diagnose` really runs);
 - guard: the plain loop, unchanged, inside `with nandoctor.Guard(...)`: the hooks that
@@ -35,7 +37,7 @@ from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import to_device
+from nandoctor.runtime.tensors import stacked, tensor_norms, to_device
 from nandoctor.setup.session import Session
 
 
@@ -77,6 +79,19 @@ def plain_step(s: Session, batch: Any) -> None:
 class Loop(Candidate):
     def step(self, step: int, batch: Any) -> None:
         run_step(self.session, step, batch, Probe())
+
+
+class NormFloor(Candidate):
+    """The plain loop, then each gradient's norm (one fused kernel), read on the host: a
+    finite-norm check of every gradient element with nothing else, no probe, no phases.
+    NB: on CUDA the kernels only, unread (the sentinel's read waits a step there)."""
+
+    def step(self, step: int, batch: Any) -> None:
+        plain_step(self.session, batch)
+        grads = [p.grad for p in self.session.params if p.grad is not None]
+        norms = stacked(tensor_norms(grads)) if grads else None
+        if norms is not None and norms.device.type == "cpu":
+            norms.tolist()
 
 
 class WithSentinel(Candidate):
@@ -183,6 +198,7 @@ def available() -> dict[str, type[Candidate]]:
     out: dict[str, type[Candidate]] = {
         "plain": Candidate,
         "loop": Loop,
+        "plain+norm": NormFloor,
         "sentinel": WithSentinel,
         "sentinel+snapshots": WithSnapshots,
         "guard": WithGuard,

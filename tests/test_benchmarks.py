@@ -3,6 +3,7 @@ runs and reports every figure, not its timings (those belong to docs/performance
 
 from __future__ import annotations
 
+from benchmarks.render import _missed
 from benchmarks.run import main
 
 
@@ -25,4 +26,22 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     assert "nandoctor found: step 40, phase input" in page
     assert "- nonfinite-input: with batches holding NaN or inf skipped, applied from step" in page
     assert "`sentinel` step time / plain, mlp-fp16" in page
+    assert "| loop | plain+norm | sentinel |" in page  # the floor beside what it bounds
     assert results.read_text().startswith("{")
+
+
+def _step(sentinel: float, floor: float) -> dict:
+    ratio = {"sentinel": {"median": sentinel}, "plain+norm": {"median": floor}}
+    return {"workload": "mlp-fp32", "ms": {"plain": {"median": 8.0}}, "ratio": ratio}
+
+
+def test_a_missed_target_says_when_the_gradient_pass_alone_misses_it_too():
+    text = "\n".join(_missed([_step(sentinel=1.06, floor=1.035)]))
+    assert "`sentinel` on mlp-fp32 (8.0 ms): +0.48 ms" in text
+    assert "(`plain+norm`), is over the\nsentinel's 1.03x there: mlp-fp32 1.035x." in text
+
+
+def test_a_floor_within_the_target_is_not_blamed_for_the_miss():
+    text = "\n".join(_missed([_step(sentinel=1.06, floor=1.01)]))
+    assert "+0.48 ms" in text
+    assert "plain+norm" not in text
