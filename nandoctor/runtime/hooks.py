@@ -95,8 +95,8 @@ class StepHooks:
     def __enter__(self) -> StepHooks:
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre),
-            nn_module.register_module_forward_hook(self._late_inputs, with_kwargs=True),
-            nn_module.register_module_forward_hook(self._post, always_call=True),
+            # NB: one post hook, not two: every module call pays each global hook
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
@@ -178,19 +178,18 @@ class StepHooks:
         ctx.phases.append(Phase.FORWARD)
         self.probe.phase_started(ctx, Phase.FORWARD)
 
-    def _late_inputs(self, module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> None:
-        ctx = self.ctx
-        if not self._late or self._depth != 1 or ctx is None or torch.compiler.is_compiling():
-            return
-        self._late = False
-        if kwargs and ctx.phase is Phase.FORWARD:
-            self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
-
-    def _post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
+        """After a module call: (kwargs, output), or (output,) when its forward raised
+        (NB: torch calls an always-called hook without the keywords then)."""
         if torch.compiler.is_compiling():
             return
-        self._depth = max(0, self._depth - 1)
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         ctx = self.ctx
+        if self._late and self._depth == 1 and ctx is not None:
+            self._late = False  # the first call's keyword inputs, before its output
+            if kwargs and ctx.phase is Phase.FORWARD:
+                self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
+        self._depth = max(0, self._depth - 1)
         if self._depth or not self._root or ctx is None:
             return
         self._root, self._late, self._early = False, False, None
