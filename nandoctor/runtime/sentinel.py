@@ -13,9 +13,10 @@ deferred) the gradients get one fused float32 norm, and their flag is the norm's
 finiteness: a NaN or inf element makes the norm NaN or inf, and a finite norm proves every
 element finite. Only an infinite norm is ambiguous (finite values of ~1e19 and up
 overflow its squares): that step, and only it, gets the exact check, at its end, while
-the gradients are still the step's. On CUDA, and in a data-parallel job (where each
-rank's flag must be exact before the rows are gathered), one fused float64 pass gives
-both, exactly (its squares hold up to 1e154).
+the gradients are still the step's. There, where a read is no synchronisation, each
+value is read where it lies instead of stacked first (`_read_now`). On CUDA, and in a
+data-parallel job (where each rank's flag must be exact before the rows are gathered),
+one fused float64 pass gives both, exactly (its squares hold up to 1e154).
 
 The same sentinel watches nandoctor's own step (`runtime.step.run_step`: diagnose,
 compare, the what-if replays) and a user's loop followed through hooks
