@@ -7,13 +7,12 @@ user's own code is wrapped in `UserCodeError` so that the CLI can show the user'
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
 import sysconfig
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,24 +105,15 @@ def is_user_file(filename: str) -> bool:
     return not any(path.is_relative_to(d) for d in _LIBRARY_DIRS)
 
 
-@contextlib.contextmanager
-def user_code(where: str) -> Iterator[None]:
+def user_code(where: str) -> UserCall:
     """Run a call into the user's code; whatever it raises becomes a `UserCodeError`.
 
     `sys.exit()` (and `os._exit`, see `ProcessExit`) there is the user's code ending the
     run: a `UserExit` (exit 3). A `KeyboardInterrupt` stays one: the run is interrupted.
     The global torch settings the user's code changes stay the user's: they are put back
     for nandoctor's own work after the call, and again for the user's next call
-    (`torch_globals`)."""
-    with torch_globals():
-        try:
-            yield
-        except NandoctorError:
-            raise
-        except SystemExit as e:
-            raise UserExit(where, e) from e
-        except Exception as e:
-            _raise_user_error(where, e)
+    (`TorchGlobals`)."""
+    return UserCall(where)
 
 
 def _raise_user_error(where: str, e: Exception) -> None:
@@ -184,30 +174,52 @@ def _globals() -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
 _user_globals: dict[str, Any] = {}  # what the user's code set, by name
 
 
-@contextlib.contextmanager
-def torch_globals() -> Iterator[None]:
+class TorchGlobals:
     """Around one call into the user's code: apply what the user's code set before,
     remember what it sets now, and put nandoctor's own values back afterwards.
-    NB: a few C calls in the common case (nothing set, nothing changed): it runs around
-    every call into the user's code, several a step."""
-    settings = _globals()
-    getters = [get for get, _ in settings.values()]
-    ours = [get() for get in getters]
-    for name, value in _user_globals.items():
-        settings[name][1](value)
-    before = [get() for get in getters] if _user_globals else ours
-    try:
-        yield
-    finally:
-        now = [get() for get in getters]
-        if now != before or now != ours:
+    NB: a class, not a generator, and a few C calls in the common case (nothing set,
+    nothing changed): it runs around every call into the user's code, several a step,
+    where Python meets caches the step's kernels have just emptied."""
+
+    __slots__ = ("_before", "_ours")
+
+    def __enter__(self) -> None:
+        settings = _globals()
+        self._ours = [get() for get, _ in settings.values()]
+        for name, value in _user_globals.items():
+            settings[name][1](value)
+        self._before = [get() for get, _ in settings.values()] if _user_globals else self._ours
+
+    def __exit__(self, *exc: object) -> None:
+        settings = _globals()
+        now = [get() for get, _ in settings.values()]
+        if now != self._before or now != self._ours:
             for (name, (_, set_)), value, was, own in zip(
-                settings.items(), now, before, ours, strict=True
+                settings.items(), now, self._before, self._ours, strict=True
             ):
                 if value != was:
                     _user_globals[name] = value
                 if value != own:
                     set_(own)
+
+
+class UserCall(TorchGlobals):
+    """`user_code`'s context: the torch settings kept apart, and the error translated."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__()
+        error = exc[1] if len(exc) > 1 else None
+        if error is None or isinstance(error, NandoctorError):
+            return
+        if isinstance(error, SystemExit):
+            raise UserExit(self.where, error) from error
+        if isinstance(error, Exception):
+            _raise_user_error(self.where, error)
 
 
 def changed_torch_globals() -> dict[str, Any]:
