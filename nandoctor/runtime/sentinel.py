@@ -81,7 +81,7 @@ Recheck = Callable[[int], "bool | None"]
 
 # The packed reading, in this order: one float64 per slot. The loss's flag is not a slot:
 # the host reads it from the loss (`_reading`).
-_SLOTS = (
+_SLOTS = (  # NB: `_one_rank` unpacks a row in this order
     "params_before",
     "input",
     "forward",
@@ -387,19 +387,20 @@ def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool 
 
 
 def _one_rank(step: int, row: list[float], has_scale: bool) -> Reading:
-    """`_reading` of a single process: its row as it is (NB: the common case, every step)."""
-    r = dict(zip(_SLOTS, row, strict=True))
+    """`_reading` of a single process: its row as it is (NB: the common case, every step,
+    so the slots are read by position, not through a dict)."""
+    params_before, input_, forward, _, grads, params, loss, grad_norm, scale = row
     return Reading(
         step=step,
-        params_before=bool(r["params_before"]),
-        input=bool(r["input"]),
-        forward=bool(r["forward"]),
-        loss_bad=not math.isfinite(r["loss"]),
-        grads=bool(r["grads"]),
-        params=bool(r["params"]),
-        loss=r["loss"],
-        grad_norm=r["grad_norm"],
-        scale=r["scale"] if has_scale else None,
+        params_before=bool(params_before),
+        input=bool(input_),
+        forward=bool(forward),
+        loss_bad=not math.isfinite(loss),
+        grads=bool(grads),
+        params=bool(params),
+        loss=loss,
+        grad_norm=grad_norm,
+        scale=scale if has_scale else None,
     )
 
 
@@ -440,14 +441,8 @@ class Judge:
         return cls(min_scale=min_scale, backoff=scaler.get_backoff_factor(), recheck=recheck)
 
     def __call__(self, r: Reading) -> Verdict:
-        for phase, flagged, why in (
-            (Phase.PARAMETERS, r.params_before, "parameters were non-finite before the step"),
-            (Phase.INPUT, r.input, "the batch held non-finite values"),
-            (Phase.FORWARD, r.forward, "the model's output was non-finite"),
-            (Phase.LOSS, r.loss_bad, "the loss was non-finite"),
-        ):
-            if flagged:
-                return Verdict(r, failed=True, step=r.step, phase=phase, why=why)
+        if r.params_before or r.input or r.forward or r.loss_bad:  # NB: the rare case
+            return self._failed_before_backward(r)
         if r.grads:
             return self._bad_gradients(r)
         self.streak, self.counted, self.streak_start = 0, 0, None
@@ -455,6 +450,20 @@ class Judge:
             why = "the optimizer's update made parameters non-finite"
             return Verdict(r, failed=True, step=r.step, phase=Phase.OPTIMIZER, why=why)
         return Verdict(r)
+
+    def _failed_before_backward(self, r: Reading) -> Verdict:
+        """The first phase before the backward whose values went non-finite."""
+        phase, why = next(
+            (phase, why)
+            for phase, flagged, why in (
+                (Phase.PARAMETERS, r.params_before, "parameters were non-finite before the step"),
+                (Phase.INPUT, r.input, "the batch held non-finite values"),
+                (Phase.FORWARD, r.forward, "the model's output was non-finite"),
+                (Phase.LOSS, r.loss_bad, "the loss was non-finite"),
+            )
+            if flagged
+        )
+        return Verdict(r, failed=True, step=r.step, phase=phase, why=why)
 
     def _bad_gradients(self, r: Reading) -> Verdict:
         if r.scale is None:

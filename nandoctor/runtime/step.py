@@ -115,7 +115,7 @@ def _checked_loss(loss: Any) -> torch.Tensor:
         )
     if not loss.requires_grad:
         raise ConfigError("loss: the returned tensor does not require grad (is it detached?)")
-    return loss.reshape(())
+    return loss if loss.dim() == 0 else loss.reshape(())  # NB: no view (and no node) to add
 
 
 class _Phase:
