@@ -40,14 +40,13 @@ WHY = """\
   the weights after each update are not checked every step: a broken output shows in
   the loss, broken weights at the next step, and the replay of the bad step names the
   exact phase either way.
-- **One read per step.** On CUDA the values are stacked into one small tensor, the
-  flags judged on the device, and the read is a non-blocking copy into pinned memory,
-  checked one step later: when the step already synchronised (the GradScaler reads
-  `found_inf` every step) the copy is long done and nothing waits; without a
-  GradScaler the host waits for step N while step N+1 is already queued, so the GPU
-  never drains. On the CPU, where a read is no synchronisation, the host reads each
-  value where it lies when the step ends and judges it (no kernel for what a value can
-  say itself; stacking a dozen 0-dim values first cost four times their reads).
+- **One read per step.** The values are stacked into one small tensor and read once.
+  On the CPU the host judges them when the step ends (no kernel for what a value can
+  say itself). On CUDA the flags are judged on the device and the read is a
+  non-blocking copy into pinned memory, checked one step later: when the step already
+  synchronised (the GradScaler reads `found_inf` every step) the copy is long done and
+  nothing waits; without a GradScaler the host waits for step N while step N+1 is
+  already queued, so the GPU never drains.
 - **The floor.** The pass over the gradients is the one cost no exact check avoids:
   `plain+norm` is the plain loop plus that pass alone. On a CPU step of a few
   milliseconds over a model of a million parameters (mlp-fp32) it is about 3% by

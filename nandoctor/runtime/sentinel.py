@@ -13,10 +13,9 @@ deferred) the gradients get one fused float32 norm, and their flag is the norm's
 finiteness: a NaN or inf element makes the norm NaN or inf, and a finite norm proves every
 element finite. Only an infinite norm is ambiguous (finite values of ~1e19 and up
 overflow its squares): that step, and only it, gets the exact check, at its end, while
-the gradients are still the step's. There, where a read is no synchronisation, each
-value is read where it lies instead of stacked first (`_read_now`). On CUDA, and in a
-data-parallel job (where each rank's flag must be exact before the rows are gathered),
-one fused float64 pass gives both, exactly (its squares hold up to 1e154).
+the gradients are still the step's. On CUDA, and in a data-parallel job (where each
+rank's flag must be exact before the rows are gathered), one fused float64 pass gives
+both, exactly (its squares hold up to 1e154).
 
 The same sentinel watches nandoctor's own step (`runtime.step.run_step`: diagnose,
 compare, the what-if replays) and a user's loop followed through hooks
@@ -57,6 +56,7 @@ from nandoctor.runtime.tensors import (
     floating,
     gradient_check,
     nonfinite,
+    stacked,
     tensor_norms,
     without_loss,
 )
@@ -277,23 +277,27 @@ class Sentinel(Probe):
     def _read_now(self) -> list[float]:
         """The CPU's reading, read as the step ends: the flags and values the step set,
         the batch's extremes and the gradients' norms (one per tensor, or clipping's
-        total), which become the input's flag, the gradients' norm and their flag here.
-        NB: each value is read where it lies (`item()`): on the CPU a read is no sync,
-        and stacking a dozen 0-dim tensors to read them once costs four times as much."""
+        total), which become the input's flag, the gradients' norm and their flag here."""
+        keys = list(self._flags)
         norms = self._norms if self._norms is not None else tensor_norms(self._grads or [])
+        values = [*self._flags.values(), *self._losses, *self._extremes, *norms]
+        values = [_scalar(v) for v in values]
+        with torch.no_grad():  # NB: the losses still hold their graphs
+            read = stacked(values).tolist() if values else []  # NB: the one host read per step
         row = [0.0] * len(_SLOTS)
-        for key, value in self._flags.items():
-            row[_SLOTS.index(key)] = float(value.item())
+        for key, value in zip(keys, read, strict=False):
+            row[_SLOTS.index(key)] = value
+        read = read[len(keys) :]
+        losses, read = read[: len(self._losses)], read[len(self._losses) :]
         # NB: with several losses in a step (accumulation), a non-finite one is kept
-        losses = [v.item() for v in self._losses]
         row[_LOSS] = next(
             (x for x in losses if not math.isfinite(x)), losses[-1] if losses else 0.0
         )
-        batch_ok = all(math.isfinite(v.item()) for v in self._extremes)
-        row[_INPUT] = float(row[_INPUT] or not batch_ok)
+        batch = read[: len(self._extremes)]
+        row[_INPUT] = float(row[_INPUT] or not all(map(math.isfinite, batch)))
         if self._grads is not None:
-            values = [n.item() for n in norms]
-            norm = math.sqrt(math.fsum(x * x for x in values))  # NaN or inf if one is
+            norms = read[len(self._extremes) :]
+            norm = math.sqrt(math.fsum(n * n for n in norms))  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
             row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
         return row
@@ -352,6 +356,13 @@ class Sentinel(Probe):
         if scaler is not self._judged_scaler and self._judge.streak == 0:
             self._judge, self._judged_scaler = Judge.for_scaler(scaler, self.recheck), scaler
         return self._judge
+
+
+def _scalar(value: torch.Tensor) -> torch.Tensor:
+    """A 0-dim number to stack with the others (a flag as 0.0 or 1.0)."""
+    if value.dtype == torch.bool:
+        value = value.float()
+    return value if value.dim() == 0 else value.reshape(())
 
 
 def _bad(value: torch.Tensor) -> torch.Tensor:
