@@ -4,6 +4,7 @@ watches an unchanged loop through hooks)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import pytest
@@ -370,6 +371,18 @@ def test_a_nan_loss_in_one_micro_batch_is_not_hidden_by_the_next():
         guard.step(accumulate, batches[2:4], poison_first=True)
     first = caught.value.report.first_nonfinite
     assert (first.step, first.phase, first.op) == (1, "loss", "aten.mul.Tensor")
+
+
+def test_a_forward_that_raises_is_unwound_and_the_next_steps_are_still_watched(recwarn):
+    model, optimizer, batches, train_step = tiny_loop(nan_at=4)
+    wrong = (torch.randn(8, 7), batches[2][1])  # 7 features where the model takes 8
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for batch in [*batches[:2], wrong, *batches[3:]]:
+            with contextlib.suppress(RuntimeError):  # the user's loop skips the batch
+                train_step(batch)  # that raised, before its optimizer step
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase) == (3, "input")  # the skipped batch took no step
+    assert not [w for w in recwarn if "always_call" in str(w.message)]  # our hook ran clean
 
 
 def test_guard_leaves_no_hook_or_patch_behind():
