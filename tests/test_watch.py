@@ -150,3 +150,13 @@ def test_tensorboard_and_fail_on_divergence_are_watch_options_too(tmp_path):
     acc = EventAccumulator(str(logdir))
     acc.Reload()
     assert [e.step for e in acc.Scalars("nandoctor/loss")] == [0, 1, 2, 3, 4]
+
+
+def test_a_second_root_module_takes_the_models_outputs_not_the_batch(tmp_path):
+    """`head(backbone(x))` with both met by the hooks: the head's arguments are the
+    backbone's output, so a backbone that overflows is a forward failure, never input."""
+    code, report = watch(tmp_path, PY, str(SCRIPTS / "two_roots.py"), "3", "6")
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (3, "forward")
+    assert (first["op"], first["reproduced"]) == ("aten.mul.Tensor", True)
+    assert "nonfinite-input" not in [c["id"] for c in report["causes"]]

@@ -19,7 +19,9 @@ GradScaler, clipping)::
                                       one step per step of the first optimizer seen
 
 The model is the outermost module that runs with grad enabled and owns trainable
-parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase). Forwards
+parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase). Another
+such module called outside it (`head(backbone(x))`, a GAN's `D(G(z))`) is a FORWARD of
+its own, never the INPUT: its arguments are the model's outputs, not the batch. Forwards
 under `no_grad` (evaluation) and recomputations inside backward (checkpointing) are not
 steps. With gradient accumulation a step announces each forward, loss and backward
 (`runtime.sentinel` adds them up). `optimizer.step(closure)` runs the closure's forward
@@ -154,6 +156,8 @@ class StepHooks:
             self._forward_started(ctx)
         elif module is self._inputs_of:  # without a named batch, the model's inputs are
             self._early = ctx  # the batch: its own hook, next, sees them all
+        elif module is not self.run.model:  # another root module (`head(backbone(x))`,
+            self._forward_started(ctx)  # a GAN's D(G(z))): its arguments are not the batch
         else:
             self._phase(ctx, Phase.INPUT, args)  # and its keyword inputs when it returns
             self._late = True
