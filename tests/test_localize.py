@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import itertools
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.localize import ops
 from nandoctor.localize.replay import localize
-from nandoctor.runtime.probe import Probe
+from nandoctor.localize.tracer import Tracer
+from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
@@ -408,3 +413,43 @@ def test_a_replay_where_every_nonfinite_value_healed_blames_none_of_them(project
     assert (first.step, first.reproduced, first.op) == (2, False, None)
     assert [(t.op, t.module) for t in report.transients] == [("aten.log.default", "")]
     assert any("saw no non-finite value reach the loss" in note for note in report.notes)
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo process group of this process alone: its collectives complete at once."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class SeenCollectives(TorchDispatchMode):
+    """Under the tracer's modes: each collective the process really issues."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.distributed.all_gather_into_tensor` is deprecated")
+def test_a_collective_runs_once_under_the_tracer_and_is_judged_where_its_values_land(
+    world_of_one,
+):
+    # A collective's output may still be landing when the op returns (FSDP's
+    # reduce-scatter on the rank that inherits a NaN): judged there, the finding would
+    # depend on timing, and the float32 rerun of an origin born there would issue a
+    # collective the other ranks never join, so the job would hang.
+    objects = SimpleNamespace(model=nn.Linear(2, 2), optimizer=None)
+    tracer = Tracer(objects)
+    tracer.ctx = StepContext(objects, 0, None, phases=[Phase.FORWARD])
+    sent, received = torch.full((4,), float("nan")), torch.zeros(4)  # NaN from elsewhere
+    with SeenCollectives() as seen, tracer:
+        dist.all_gather_into_tensor(received, sent)  # one op returning its output
+        received + 1
+    assert seen.ops == ["c10d._allgather_base_.default"]
+    assert [o.finding.op for o in tracer.origins.born] == ["aten.add.Tensor"]

@@ -66,17 +66,27 @@ class OpChecker(TorchDispatchMode):
         out = func(*args, **kwargs)
         if ops.is_view(func):
             self._viewed(func, args, kwargs, ops.output_tensors(out))
+        elif ops.is_collective(func):
+            self._exchanged(func, args, kwargs, ops.collective_outputs(out))
         else:
             self._checked(func, args, kwargs, out, written, before)
-            if ops.is_collective(func):
-                self._exchanged(func, args, kwargs, ops.collective_outputs(out))
         return out
 
     def _exchanged(self, func: Any, args: tuple, kwargs: dict, outs: list) -> None:
         """What a collective writes descends from what this rank sent, even where no
         value is bad yet: the values may arrive after it returned (FSDP's reduce-scatter
-        output, read later by the copy into the gradient shard)."""
-        origins = self.tracer.origins
+        output, read later by the copy into the gradient shard).
+
+        NB: its outputs are not checked here. The work may still be writing them (even a
+        synchronous call waits after the op returns), so what a check read would depend on
+        timing; and an origin born here would rerun the op for its evidence, a collective
+        this rank alone would then issue, leaving the others waiting for it (a job that
+        hangs). The op that first reads the landed values is checked as any other."""
+        tracer = self.tracer
+        tracer.record_made(func, args, kwargs, outs, tracer.where())
+        origins = tracer.origins
+        for t in outs:
+            origins.written(t)
         targets = {id(t) for t in outs}
         sent = [
             x
