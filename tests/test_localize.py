@@ -453,3 +453,19 @@ def test_a_collective_runs_once_under_the_tracer_and_is_judged_where_its_values_
         received + 1
     assert seen.ops == ["c10d._allgather_base_.default"]
     assert [o.finding.op for o in tracer.origins.born] == ["aten.add.Tensor"]
+
+
+def test_fsdps_copy_into_its_all_gather_buffer_leaves_the_other_ranks_part_unwritten():
+    # FSDP2 copies this rank's shard into its part of the all-gather buffer; the other
+    # ranks' part holds whatever the memory held (another step's NaN) until the
+    # all-gather lands: no value, so no origin, nor a transient that changes run to run
+    import torch.distributed.fsdp  # registers FSDP2's ops
+
+    objects = SimpleNamespace(model=nn.Linear(2, 2), optimizer=None)
+    tracer = Tracer(objects)
+    tracer.ctx = StepContext(objects, 0, None, phases=[Phase.FORWARD])
+    shard, buffer = torch.ones(3), torch.full((6,), float("nan"))  # rank 0 of 2
+    with tracer:
+        torch.ops.fsdp.all_gather_copy_in([shard], buffer, [3], 3, 0)
+    assert tracer.origins.born == []
+    assert buffer[:3].tolist() == [1.0, 1.0, 1.0]  # it still ran: its part is written

@@ -56,9 +56,17 @@ _OVERWRITES = frozenset(
 )
 
 
+# NB: ops that write only this rank's part of a buffer a collective then fills (FSDP2's
+# copy of the local shards into its all-gather buffer): the rest is whatever the memory
+# held before, often another step's NaN, until the all-gather lands
+_PARTLY_WRITTEN = frozenset({("fsdp", "all_gather_copy_in")})
+
+
 def leaves_unwritten(func: Any) -> bool:
-    """An op whose output is memory no one wrote yet: not a value, never checked."""
-    return func.namespace == "aten" and func.overloadpacket.__name__ in _UNWRITTEN
+    """An op whose output is memory no one wrote yet (or not all of it): not a value,
+    never checked."""
+    space, name = func.namespace, func.overloadpacket.__name__
+    return (space == "aten" and name in _UNWRITTEN) or (space, name) in _PARTLY_WRITTEN
 
 
 def is_collective(func: Any) -> bool:
