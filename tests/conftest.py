@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -86,3 +90,42 @@ def base_config(**overrides) -> dict:
     }
     config.update(overrides)
     return config
+
+
+def run_job(command: list[str], *, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Run a job of several processes (torchrun's launcher and its ranks). One that hangs
+    fails the test with every process's Python stacks (faulthandler, on SIGABRT to each),
+    so that a hang in CI explains itself."""
+    env = {**kwargs.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+        **kwargs,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [*reversed(_descendants(proc.pid)), proc.pid]:  # the ranks first
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(f"{' '.join(command[1:4])} hung for {timeout} s; the stacks:\n{err[-8000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs (Linux's /proc), parents first."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                out += [int(child), *_descendants(int(child))]
+    return out

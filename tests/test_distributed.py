@@ -4,10 +4,11 @@ the report names the step, the phase and the rank where the NaN was born."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import run_job
 
 TRAIN = """
 import torch
@@ -66,9 +67,7 @@ def run_two_ranks(
     )
     out = tmp_path / "report.json"
     command = [sys.executable, "-m", "nandoctor", "diagnose", str(config), "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*command, "--json", str(out), "-q"], capture_output=True, text=True, timeout=120
-    )
+    proc = run_job([*command, "--json", str(out), "-q"])
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 

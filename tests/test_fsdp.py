@@ -14,7 +14,7 @@ from torch import nn
 from nandoctor.errors import ConfigError
 from nandoctor.setup import fsdp
 from nandoctor.setup.load import load_config
-from tests.conftest import REPO
+from tests.conftest import REPO, run_job
 from tests.test_distributed import TRAIN, run_two_ranks
 
 FSDP = "distributed: {strategy: fsdp}\n"
@@ -189,9 +189,7 @@ def test_a_snapshot_keeps_each_ranks_shards_and_a_replay_from_it_recomputes_the_
     script = tmp_path / "snapshot_fsdp.py"
     script.write_text(SNAPSHOT_SCRIPT)
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    proc = subprocess.run(
-        [*launch, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
+    proc = run_job([*launch, str(script)], cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout
 
@@ -214,9 +212,7 @@ def _nandoctor(tmp_path, *args: str, strategy: str = "fsdp") -> subprocess.Compl
         f"distributed: {{strategy: {strategy}, nproc_per_node: 2}}\n"
     )
     command = [sys.executable, "-m", "nandoctor", args[0], str(tmp_path / "config.yaml")]
-    return subprocess.run(
-        [*command, *args[1:], "-q"], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    return run_job([*command, *args[1:], "-q"], cwd=tmp_path)
 
 
 @pytest.mark.slow
