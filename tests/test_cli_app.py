@@ -4,11 +4,13 @@ seconds to load; only the commands that run a model do."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
+from nandoctor.cli.app import end_before_teardown
 from tests.conftest import REPO
 
 PROBE = """
@@ -60,3 +62,20 @@ def test_a_command_that_runs_a_model_does_import_it(tmp_path):
     # the probe above can tell: a diagnose that reaches the config's model loads torch
     config = REPO / "configs" / "seed-fixed.yaml"
     assert loads_torch("diagnose", str(config), "--steps", "1", "--no-verify", "--quiet")
+
+
+def test_a_rank_of_a_launched_job_ends_without_pythons_teardown(monkeypatch):
+    # its gloo threads may still hold tensors while the interpreter is torn down, which
+    # aborts the process after the report was written: the launcher would report a dead
+    # rank (exit 3) instead of the diagnosis
+    from nandoctor.setup import distributed  # noqa: F401  # loaded by every launched rank
+
+    ended: list[int] = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    end_before_teardown(1)
+    assert ended == [1]
+    monkeypatch.delenv("RANK")
+    end_before_teardown(0)  # a single process ends as Python ends it
+    assert ended == [1]

@@ -8,14 +8,14 @@ from nandoctor.cli import (  # noqa: F401  (each module adds its command)
     schema,
     watch,
 )
-from nandoctor.cli.app import app, end_past_user_threads
+from nandoctor.cli.app import app, end_before_teardown
 
 
 def main() -> None:
     try:
         app()
     except SystemExit as e:
-        end_past_user_threads(e.code)
+        end_before_teardown(e.code)
         raise
 
 

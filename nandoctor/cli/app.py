@@ -209,22 +209,34 @@ def _raised_in_user_code(error: BaseException) -> bool:
     return bool(frames) and is_user_file(frames[-1].filename)
 
 
-def end_past_user_threads(code: object) -> None:
-    """Exit now, with `code`, when threads the user's code started (not daemons) are
-    still running: Python would wait for them forever after our report was written.
-    Output is flushed first; nothing of nandoctor's is left to do."""
+def end_before_teardown(code: object) -> None:
+    """Exit now, with `code`, skipping Python's finalization, where it cannot end well:
+    threads the user's code started (not daemons) are still running, for which Python
+    would wait forever after our report was written; or this process is a rank of a
+    launched job, whose gloo threads may still hold tensors while the interpreter is torn
+    down ("terminate called without an active exception": the launcher would then report
+    a dead rank, exit 3, after the diagnosis was written). Output is flushed first;
+    nothing of nandoctor's is left to do."""
     main = threading.main_thread()
     alive = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
-    if not alive:
+    if alive:
+        names = ", ".join(t.name for t in alive[:3])
+        stderr_console().print(
+            f"[dim]nandoctor: ending {len(alive)} thread(s) your code left running ({names})[/]"
+        )
+    elif not _a_launched_rank():
         return
-    names = ", ".join(t.name for t in alive[:3])
-    stderr_console().print(
-        f"[dim]nandoctor: ending {len(alive)} thread(s) your code left running ({names})[/]"
-    )
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def _a_launched_rank() -> bool:
+    """A rank started by torchrun's launcher. NB: asked only where the job's code was
+    loaded, so that `--help` and `lint` never import torch."""
+    distributed = sys.modules.get("nandoctor.setup.distributed")
+    return distributed is not None and bool(distributed.under_launcher())
 
 
 def print_peer_error(error: BaseException) -> None:
