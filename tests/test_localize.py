@@ -453,6 +453,8 @@ def test_a_collective_runs_once_under_the_tracer_and_is_judged_where_its_values_
         received + 1
     assert seen.ops == ["c10d._allgather_base_.default"]
     assert [o.finding.op for o in tracer.origins.born] == ["aten.add.Tensor"]
+    all_gather = torch.ops.c10d._allgather_base_.default  # nor is one rerun for evidence
+    assert ops.recompute_float32(all_gather, (received, sent), {}) is None
 
 
 def test_fsdps_copy_into_its_all_gather_buffer_leaves_the_other_ranks_part_unwritten():

@@ -145,9 +145,9 @@ def recompute_float32(func: Any, args: tuple, kwargs: dict, index: int = 0) -> R
 
     Finite there: a precision problem (overflow, underflow). Still non-finite: the math
     itself (log of zero, 0/0, a domain error). In-place ops are not rerun: their input
-    is gone.
+    is gone. Nor are collectives: the other ranks would never join a second one.
     """
-    if func._schema.is_mutable:
+    if func._schema.is_mutable or is_collective(func):
         return None
     try:
         up_args = tuple(_upcast(a) for a in args)
