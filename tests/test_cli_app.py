@@ -76,6 +76,8 @@ def test_a_rank_of_a_launched_job_ends_without_pythons_teardown(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     end_before_teardown(1)
     assert ended == [1]
+    end_before_teardown(3)  # a rank that failed: the others must meet it in a collective
+    assert ended == [1]
     monkeypatch.delenv("RANK")
     end_before_teardown(0)  # a single process ends as Python ends it
     assert ended == [1]

@@ -216,7 +216,12 @@ def end_before_teardown(code: object) -> None:
     launched job, whose gloo threads may still hold tensors while the interpreter is torn
     down ("terminate called without an active exception": the launcher would then report
     a dead rank, exit 3, after the diagnosis was written). Output is flushed first;
-    nothing of nandoctor's is left to do."""
+    nothing of nandoctor's is left to do.
+
+    NB: only a rank that reached its verdict (0 or 1). One that failed ends as Python
+    ends it: dying at once, it would have the launcher stop the others (SIGTERM, an
+    interrupt: a report) before their collectives fail on the lost peer (one line each,
+    no report, the job's exit 3)."""
     main = threading.main_thread()
     alive = [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
     if alive:
@@ -224,7 +229,7 @@ def end_before_teardown(code: object) -> None:
         stderr_console().print(
             f"[dim]nandoctor: ending {len(alive)} thread(s) your code left running ({names})[/]"
         )
-    elif not _a_launched_rank():
+    elif not (_a_launched_rank() and code in (0, 1, None)):
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
