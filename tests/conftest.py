@@ -109,16 +109,22 @@ def run_job(command: list[str], *, timeout: float = 120, **kwargs) -> subprocess
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for pid in [*reversed(_descendants(proc.pid)), proc.pid]:  # the ranks first
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGABRT)
+        _signal_job(proc.pid, signal.SIGABRT)
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _signal_job(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
         pytest.fail(f"{' '.join(command[1:4])} hung for {timeout} s; the stacks:\n{err[-8000:]}")
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def _signal_job(pid: int, signum: int) -> None:
+    """`signum` to the ranks first, then to their launcher (`pid`). NB: not by process
+    group: torch's launcher starts each rank in a session of its own."""
+    for each in [*reversed(_descendants(pid)), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signum)
 
 
 def _descendants(pid: int) -> list[int]:

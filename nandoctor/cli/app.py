@@ -25,6 +25,7 @@ from rich.markup import escape
 from nandoctor.cli.outcome import Outcome, exit_code
 from nandoctor.cli.output import report_stream
 from nandoctor.errors import (
+    ExitCode,
     NandoctorError,
     ProcessExit,
     UsageError,
@@ -218,7 +219,7 @@ def end_before_teardown(code: object) -> None:
     a dead rank, exit 3, after the diagnosis was written). Output is flushed first;
     nothing of nandoctor's is left to do.
 
-    NB: only a rank that reached its verdict (0 or 1). One that failed ends as Python
+    NB: only a rank that reached its verdict (exit 0 or 1). One that failed ends as Python
     ends it: dying at once, it would have the launcher stop the others (SIGTERM, an
     interrupt: a report) before their collectives fail on the lost peer (one line each,
     no report, the job's exit 3)."""
@@ -229,7 +230,7 @@ def end_before_teardown(code: object) -> None:
         stderr_console().print(
             f"[dim]nandoctor: ending {len(alive)} thread(s) your code left running ({names})[/]"
         )
-    elif not (_a_launched_rank() and code in (0, 1, None)):
+    elif not (_a_launched_rank() and code in (ExitCode.HEALTHY, ExitCode.NONFINITE, None)):
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
