@@ -8,10 +8,13 @@ and the run's settings (`RunFacts`). Helpers name ops the way the rules think of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from nandoctor.report.evidence import Evidence, Producer, TensorStats
-from nandoctor.report.trends import Trends
-from nandoctor.report.types import FirstNonfinite
+if TYPE_CHECKING:  # NB: annotations only: `lint` loads the causes for their texts, and
+    # the report's model (its health statistics, JSON) is a fifth of its start-up
+    from nandoctor.report.evidence import Evidence, Producer, TensorStats
+    from nandoctor.report.trends import Trends
+    from nandoctor.report.types import FirstNonfinite
 
 FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST = 2.0**-24  # ~6e-8, the smallest positive float16 (a subnormal)

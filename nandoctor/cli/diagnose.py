@@ -18,7 +18,7 @@ from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.errors import RankDied
-from nandoctor.gate.check import Tolerances
+from nandoctor.gate.tolerances import Tolerances
 
 if TYPE_CHECKING:
     from nandoctor.diagnose.engine import DiagnoseOptions

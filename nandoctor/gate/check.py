@@ -26,26 +26,13 @@ measured false alarms on healthy runs (docs/ci.md has the numbers).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from nandoctor.gate.tolerances import DEFAULT_MAX_HEADROOM, Tolerances
 from nandoctor.report.gate import Check, Gate
 from nandoctor.report.health import Health, ModuleHealth
 from nandoctor.report.limits import dtype_max
 
-DEFAULT_MAX_HEADROOM = 0.5  # of 65504, checked by default for float16 runs
 KINDS = ("activation", "gradient")
-
-
-@dataclass(frozen=True)
-class Tolerances:
-    max_headroom: float | None = None  # of 65504; None: 0.5, checked for float16 runs only
-    max_activation_growth: float | None = None  # opt-in: per module, peak over the baseline's
-    max_gradient_growth: float | None = None  # opt-in: per module, and the p90 gradient norm
-    skip_streak_margin: int = 2  # scaler skips in a row beyond the baseline's longest
-    max_loss_increase: float | None = None  # opt-in, relative: 0.1 lets the loss be 10% worse
-    min_magnitude: float = 1e-3  # peaks below this are noise, not growth
-    max_headroom_loss: float = 1.5  # a module's peak over the baseline's, above the floor
-    headroom_floor: float = 1 / 64  # of the dtype's largest value: where headroom is watched
 
 
 def gate_of(
