@@ -5,6 +5,7 @@ taken within a round (candidate / plain, side by side)."""
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -312,6 +313,78 @@ def snapshot_memory(workload: Workload, size: str, device: str, steps: int = 24)
     return SnapshotMemory(
         state_bytes(session) / mb, store.nbytes / mb, batch_bytes / mb, store.every or 0
     )
+
+
+# The plain loop's set-up, for `start_up`: what any training script pays before its first
+# step (torch, the model, the optimizer, one step), with nothing of nandoctor's
+PLAIN_SET_UP = """
+import importlib, sys
+import torch
+import torch.nn.functional as F
+from benchmarks.workloads import SIZES
+
+def entry(spec):
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+model_spec, data_spec, size = sys.argv[1:]
+model = entry(model_spec)(**SIZES[size])
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x, y = entry(data_spec)(**SIZES[size], steps=1)[0]
+F.cross_entropy(model(x), y).backward()
+optimizer.step()
+"""
+LINTED = "tests/scripts/seed_fp16_nan.py"  # one training script: autocast, GradScaler, a loop
+
+
+@dataclass
+class StartUp:
+    """Seconds from launch to exit of a fresh process, each the median of its launches."""
+
+    workload: str
+    help: Spread  # nandoctor --help
+    lint: Spread  # nandoctor lint LINTED
+    plain: Spread  # the plain loop's set-up and first step (PLAIN_SET_UP)
+    diagnose: Spread  # nandoctor diagnose on the same workload, --steps 1
+
+
+def start_up(workload: Workload, size: str, repeats: int) -> StartUp:
+    """The commands launched in turn, `repeats` rounds: `--help` and `lint` (a pre-commit
+    hook) must not wait for torch; `diagnose --steps 1` next to the plain loop's set-up on
+    the same model is what nandoctor adds before a first step (the config's validation,
+    the CLI, the engines)."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / f"{workload.name}.yaml"
+        spec = workload.config(size, 1).config.model_dump(mode="json", exclude_unset=True)
+        config.write_text(yaml.safe_dump(spec))
+        nandoctor = [sys.executable, "-m", "nandoctor"]
+        commands = {  # NB: each with the exit codes it may end with
+            "help": ([*nandoctor, "--help"], {0}),
+            "lint": ([*nandoctor, "lint", LINTED], {0, 1}),
+            "plain": (
+                [sys.executable, "-c", PLAIN_SET_UP, workload.model, workload.data, size],
+                {0},
+            ),
+            "diagnose": ([*nandoctor, "diagnose", str(config), "--steps", "1", "--quiet"], {0}),
+        }
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        env = {**os.environ, "PYTHONPATH": str(root)}  # NB: the config names benchmarks' model
+        for _ in range(repeats):
+            for name, (argv, codes) in commands.items():
+                start = time.perf_counter()
+                done = subprocess.run(argv, capture_output=True, text=True, cwd=root, env=env)
+                times[name].append(time.perf_counter() - start)
+                if done.returncode not in codes:
+                    raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}\n{done.stderr}")
+    return StartUp(workload.name, **{name: Spread.of(t) for name, t in times.items()})
 
 
 def peak_memory(workload: Workload, size: str, device: str, steps: int = 40) -> dict[str, float]:

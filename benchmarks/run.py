@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     memory = measure.snapshot_memory(focus, args.size, args.device)
     results["snapshot_memory"] = {**dataclasses.asdict(memory), "ratio": memory.ratio}
     results["peak_memory_mb"] = measure.peak_memory(focus, args.size, args.device)
+    if args.start_up_repeats:
+        start = measure.start_up(WORKLOADS["mlp-fp32"], args.size, args.start_up_repeats)
+        results["start_up"] = dataclasses.asdict(start)
     text = render_markdown(results, command=_command(argv if argv is not None else sys.argv[1:]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -151,6 +154,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where the run of the verified diagnosis fails",
     )
     p.add_argument("--workloads", nargs="*", help="only these step-time workloads")
+    p.add_argument(
+        "--start-up-repeats",
+        type=int,
+        default=7,
+        help="launches of each start-up command (0: no start-up figure)",
+    )
     p.add_argument(
         "--step-budget",
         type=float,

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nandoctor.setup.load import LoadedConfig
-from nandoctor.setup.schema import Config
+if TYPE_CHECKING:  # NB: the plain loop's set-up (`measure.start_up`) imports the models here,
+    from nandoctor.setup.load import LoadedConfig  # and a plain script loads no config model
 
 # size -> knobs; "tiny" keeps the smoke test fast, "gpu" is for benchmarks/gpu_check.sh
 SIZES = {
@@ -129,6 +130,9 @@ class Workload:
 
     def config(self, size: str, steps: int, device: str = "cpu", **data_args: int) -> LoadedConfig:
         """The workload as a nandoctor config, built in memory (no file is written)."""
+        from nandoctor.setup.load import LoadedConfig
+        from nandoctor.setup.schema import Config
+
         knobs = SIZES[size]
         config = Config.model_validate(
             {

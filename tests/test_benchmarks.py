@@ -11,7 +11,8 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     results = tmp_path / "results.json"
     args = ["--size", "tiny", "--rounds", "1", "--steps", "1", "--failing-step", "4"]
     args += ["--verified-workload", "mlp-fp16", "--verified-failing-step", "40"]
-    args += ["--workloads", "mlp-fp16", "--out", "-", "--json", str(results)]
+    args += ["--workloads", "mlp-fp16", "--start-up-repeats", "1"]
+    args += ["--out", "-", "--json", str(results)]
     assert main(args) == 0
     page = capsys.readouterr().out
     for heading in (
@@ -20,6 +21,7 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
         "## Host reads per step",
         "## Time to diagnosis",
         "## Snapshot memory",
+        "## Start-up",
     ):
         assert heading in page
     assert "nandoctor found: step 4, phase input" in page
@@ -27,6 +29,7 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     assert "- nonfinite-input: with batches holding NaN or inf skipped, applied from step" in page
     assert "`sentinel` step time / plain, mlp-fp16" in page
     assert "| loop | plain+norm | sentinel |" in page  # the floor beside what it bounds
+    assert "| start-up of `nandoctor lint train.py` (one training script) |" in page
     assert results.read_text().startswith("{")
 
 
