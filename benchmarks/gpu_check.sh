@@ -16,9 +16,10 @@ python -m benchmarks.autocast_policy --width 256 2>&1 | tee "$out/autocast-polic
 for config in configs/seed-fp16-nan.yaml configs/fp16-overflow.yaml configs/exploding-gradients.yaml; do
     python -m nandoctor diagnose "$config" --device cuda --no-verify --json "$out/$(basename "$config" .yaml).json" -q || true
 done
-# 3. the benchmark at GPU sizes, with device syncs counted by torch's sync debug mode
+# 3. the benchmark at GPU sizes, with device syncs counted by torch's sync debug mode (the
+# start-up figure is the CPU page's: launching processes says nothing of the GPU)
 python -m benchmarks --size gpu --device cuda --rounds 5 --steps 20 --step-budget 20 \
-    --failing-step 300 --verified-failing-step 1000 \
+    --failing-step 300 --verified-failing-step 1000 --start-up-repeats 0 \
     --out "$out/performance-gpu.md" --json "$out/performance-gpu.json"
 # 4. the answer in one screen: the targets, then the synchronisations per step
 sed -n '/^## Targets/,/^## Step time/p' "$out/performance-gpu.md" | head -n -1
