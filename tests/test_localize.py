@@ -457,6 +457,18 @@ def test_a_collective_runs_once_under_the_tracer_and_is_judged_where_its_values_
     assert ops.recompute_float32(all_gather, (received, sent), {}) is None
 
 
+def test_a_random_op_is_not_rerun_for_evidence():
+    # a rerun would draw another mask than the run did, and move the generator: every
+    # later random op of the replayed step would then differ from the run's
+    dropout = torch.ops.aten.native_dropout.default
+    before = torch.get_rng_state()
+    assert (
+        ops.recompute_float32(dropout, (torch.full((8,), 1e4, dtype=torch.half), 0.5, True), {})
+        is None
+    )
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_fsdps_copy_into_its_all_gather_buffer_leaves_the_other_ranks_part_unwritten():
     # FSDP2 copies this rank's shard into its part of the all-gather buffer; the other
     # ranks' part holds whatever the memory held (another step's NaN) until the

@@ -145,9 +145,11 @@ def recompute_float32(func: Any, args: tuple, kwargs: dict, index: int = 0) -> R
 
     Finite there: a precision problem (overflow, underflow). Still non-finite: the math
     itself (log of zero, 0/0, a domain error). In-place ops are not rerun: their input
-    is gone. Nor are collectives: the other ranks would never join a second one.
+    is gone. Nor are collectives: the other ranks would never join a second one. Nor are
+    random ops (dropout, bernoulli): a rerun draws other numbers than the run did, and
+    moves the generator, so every later random op of the replay would differ from the run.
     """
-    if func._schema.is_mutable or is_collective(func):
+    if func._schema.is_mutable or is_collective(func) or _RANDOM in func.tags:
         return None
     try:
         up_args = tuple(_upcast(a) for a in args)
@@ -163,6 +165,9 @@ def recompute_float32(func: Any, args: tuple, kwargs: dict, index: int = 0) -> R
     finite = bool(torch.isfinite(out).all())
     absmax = float(torch.where(torch.isfinite(out), out.abs(), 0).max()) if out.numel() else 0.0
     return Recompute("float32", finite=finite, absmax=absmax)
+
+
+_RANDOM = torch.Tag.nondeterministic_seeded
 
 
 def _upcast(value: Any) -> Any:
