@@ -117,7 +117,7 @@ def user_code(where: str) -> UserCall:
 
 
 def _raise_user_error(where: str, e: Exception) -> None:
-    if _peer_failed(e):
+    if peer_failed(e):
         raise peer_failure(e, where) from e
     if out_of_memory(e):
         raise UserCodeOutOfMemory(where, e) from e
@@ -153,8 +153,16 @@ def out_of_memory(error: BaseException) -> bool:
 
 
 def peer_failed(error: BaseException) -> bool:
-    """In a rank of a data-parallel job: the error says another rank is gone or silent."""
-    return _peer_failed(error)
+    """In a rank of a data-parallel job: the error says another rank is gone or silent
+    (torch.distributed's `DistError`s, or what gloo and NCCL say; by name, not by
+    class: torch is not imported here)."""
+    if "RANK" not in os.environ:  # not a worker of a data-parallel job
+        return False
+    name = type(error).__name__
+    text = str(error)
+    return name in ("DistError", "DistBackendError", "DistNetworkError") or any(
+        s in text for s in _PEER_GONE
+    )
 
 
 # The global torch settings a user's code may change for its own purposes, and how to
@@ -272,16 +280,6 @@ class RankDied(NandoctorError):
     """A rank of a data-parallel job was killed (a signal, the OOM killer) (exit 3)."""
 
     exit_code = ExitCode.USER_CODE
-
-
-def _peer_failed(error: BaseException) -> bool:
-    if "RANK" not in os.environ:  # not a worker of a data-parallel job
-        return False
-    name = type(error).__name__
-    text = str(error)
-    return name in ("DistError", "DistBackendError", "DistNetworkError") or any(
-        s in text for s in _PEER_GONE
-    )
 
 
 # What gloo and NCCL say when the other end of a collective is gone or silent.

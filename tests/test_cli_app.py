@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 import pytest
+import typer
 
-from nandoctor.cli.app import end_before_teardown
+from nandoctor.cli.app import end_before_teardown, handles_errors
 from tests.conftest import REPO
 
 PROBE = """
@@ -97,3 +98,24 @@ def test_a_rank_of_a_launched_job_ends_without_pythons_teardown(monkeypatch):
     monkeypatch.delenv("RANK")
     end_before_teardown(0)  # a single process ends as Python ends it
     assert ended == [1]
+
+
+def test_a_peer_rank_gone_during_nandoctors_own_exchange_is_one_line_and_exit_3(
+    monkeypatch, capsys
+):
+    # outside the user's code (a step's flags, the last barrier): the rank says another
+    # rank failed, with the hint to read that rank's own error, not a traceback of ours
+    import torch.distributed
+
+    @handles_errors
+    def command() -> None:
+        raise torch.distributed.DistError("Connection closed by peer [127.0.0.1]:29500")
+
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(typer.Exit) as ended:
+        command()
+    assert ended.value.exit_code == 3
+    err = capsys.readouterr().err
+    assert "error: rank 1: another rank failed or hung during an exchange between ranks" in err
+    assert "hint: that rank's own error is printed above" in err
+    assert "Traceback" not in err

@@ -87,23 +87,12 @@ def handles_errors(command: F) -> F:
         except (Exception, SystemExit) as e:  # NB: never exit 1 ("non-finite") for these
             if kwargs.get("debug"):
                 raise
-            if _peer_failure(e):  # a peer rank died or hung
-                print_peer_error(e)
-                outcome = Outcome(error=e)
-            else:
-                error = unexpected_error(e)
-                print_error(error)
-                outcome = Outcome(error=error)
+            error = unexpected_error(e)
+            print_error(error)
+            outcome = Outcome(error=error)
         raise typer.Exit(exit_code(outcome or Outcome()))
 
     return wrapper  # type: ignore[return-value]
-
-
-def _peer_failure(error: BaseException) -> bool:
-    """A peer rank died or hung (`torch.distributed.DistError`). NB: looked up only where
-    torch is loaded already, so that `--help` and `lint` never import it."""
-    dist = sys.modules.get("torch.distributed")
-    return dist is not None and isinstance(error, dist.DistError)
 
 
 @contextlib.contextmanager
@@ -165,8 +154,8 @@ def unexpected_error(error: BaseException) -> NandoctorError:
     2, "internal error"). Never exit 1: that would tell CI a NaN was found."""
     if isinstance(error, SystemExit):
         return UserExit("your code", error)
-    if peer_failed(error):  # a rank's collective outside the user's code (the last barrier)
-        return peer_failure(error, "the job's end")
+    if peer_failed(error):  # nandoctor's own collective (a step's flags, the last barrier)
+        return peer_failure(error, "an exchange between ranks")
     if isinstance(error, BrokenPipeError):  # `| head` closed stdout: nothing more to say there
         _stdout_to_devnull()
     if isinstance(error, OSError):
@@ -243,13 +232,6 @@ def _a_launched_rank() -> bool:
     loaded, so that `--help` and `lint` never import torch."""
     distributed = sys.modules.get("nandoctor.setup.distributed")
     return distributed is not None and bool(distributed.under_launcher())
-
-
-def print_peer_error(error: BaseException) -> None:
-    rank = os.environ.get("RANK", "?")
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    stderr_console().print(f"[bold red]error:[/] rank {rank}: {escape(first)}")
-    stderr_console().print("[cyan]hint:[/] another rank crashed or hung; see its output")
 
 
 def print_error(error: NandoctorError) -> None:
