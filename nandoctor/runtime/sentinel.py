@@ -281,7 +281,6 @@ class Sentinel(Probe):
         keys = list(self._flags)
         norms = self._norms if self._norms is not None else tensor_norms(self._grads or [])
         values = [*self._flags.values(), *self._losses, *self._extremes, *norms]
-        values = [_scalar(v) for v in values]
         with torch.no_grad():  # NB: the losses still hold their graphs
             read = stacked(values).tolist() if values else []  # NB: the one host read per step
         row = [0.0] * len(_SLOTS)
@@ -356,13 +355,6 @@ class Sentinel(Probe):
         if scaler is not self._judged_scaler and self._judge.streak == 0:
             self._judge, self._judged_scaler = Judge.for_scaler(scaler, self.recheck), scaler
         return self._judge
-
-
-def _scalar(value: torch.Tensor) -> torch.Tensor:
-    """A 0-dim number to stack with the others (a flag as 0.0 or 1.0)."""
-    if value.dtype == torch.bool:
-        value = value.float()
-    return value if value.dim() == 0 else value.reshape(())
 
 
 def _bad(value: torch.Tensor) -> torch.Tensor:

@@ -218,7 +218,9 @@ def _checkable(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def stacked(values: list[torch.Tensor]) -> torch.Tensor:
-    """0-dim tensors as one, widened to a common dtype when theirs differ."""
+    """One-element tensors (flags, losses, norms) as one 1-D tensor, to read in one go,
+    widened to a common dtype when theirs differ (a flag becomes 0.0 or 1.0)."""
+    values = [v if v.dim() == 0 else v.reshape(()) for v in values]
     if len({v.dtype for v in values}) > 1:
         values = [v.double() for v in values]  # NB: widening keeps inf and NaN
     return torch.stack(values)
