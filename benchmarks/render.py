@@ -121,6 +121,7 @@ def _targets(results: dict) -> list[str]:
             ttd <= TARGETS["time_to_diagnosis"],
         ),
         *_verified_target(results.get("time_to_verified_diagnosis")),
+        *_sync_targets(results.get("host_reads") or {}),
         *_start_up_targets(results.get("start_up")),
         (
             "snapshot memory / (weights + optimizer state), batches aside",
@@ -194,6 +195,18 @@ def _step_targets(steps: list[dict]) -> list[tuple[str, str, str, bool]]:
             if r is not None:
                 label = f"`{name}` step time / plain, {s['workload']}"
                 rows.append((label, f"{r['median']:.3f}x", f"<= {target}x", r["median"] <= target))
+    return rows
+
+
+def _sync_targets(reads: dict[str, dict[str, float]]) -> list[tuple[str, str, str, bool]]:
+    """On CUDA: the sentinel's blocking synchronisations per step beyond the plain
+    loop's own (its one read is a copy checked a step later: it must add none)."""
+    rows = []
+    for workload, counts in reads.items():
+        plain, ours = counts.get("plain (cuda syncs)"), counts.get("sentinel (cuda syncs)")
+        if plain is not None and ours is not None:
+            label = f"`sentinel` blocking syncs per step beyond the plain loop's, {workload}"
+            rows.append((label, f"{ours - plain:+g}", "+0", ours <= plain))
     return rows
 
 

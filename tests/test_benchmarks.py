@@ -3,7 +3,7 @@ runs and reports every figure, not its timings (those belong to docs/performance
 
 from __future__ import annotations
 
-from benchmarks.render import _missed
+from benchmarks.render import _missed, _sync_targets
 from benchmarks.run import main
 
 
@@ -48,3 +48,16 @@ def test_a_floor_within_the_target_is_not_blamed_for_the_miss():
     text = "\n".join(_missed([_step(sentinel=1.06, floor=1.01)]))
     assert "+0.48 ms" in text
     assert "plain+norm" not in text
+
+
+def test_on_cuda_the_sentinels_blocking_syncs_are_a_target_of_their_own():
+    # the first GPU run settles it in its Targets table: none beyond the step's own
+    reads = {
+        "mlp-fp16": {"plain (cuda syncs)": 1.0, "sentinel (cuda syncs)": 1.0},
+        "mlp-fp32": {"plain (cuda syncs)": 0.0, "sentinel (cuda syncs)": 1.0},
+        "transformer-bf16": {"plain": 11.0, "sentinel": 12.0},  # a CPU run: no such row
+    }
+    assert _sync_targets(reads) == [
+        ("`sentinel` blocking syncs per step beyond the plain loop's, mlp-fp16", "+0", "+0", True),
+        ("`sentinel` blocking syncs per step beyond the plain loop's, mlp-fp32", "+1", "+0", False),
+    ]
