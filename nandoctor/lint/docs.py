@@ -129,6 +129,29 @@ jobs:
 Paths in the SARIF file are relative to the working directory, so run the command from
 the repository root. Each rule carries the catalog's explanation and fix as its help text.
 
+## pre-commit
+
+`lint` starts in well under a second (it never imports torch), so it can check every
+commit. With nandoctor installed in the environment you commit from (the one that has
+torch for training), add to `.pre-commit-config.yaml`:
+
+```yaml
+repos:
+  - repo: local
+    hooks:
+      - id: nandoctor-lint
+        name: nandoctor lint
+        entry: nandoctor lint
+        language: system          # your environment's nandoctor: no second torch install
+        types_or: [python, jupyter]
+```
+
+The hook gets the staged `.py` and `.ipynb` files and fails the commit on a finding at
+or above `--fail-on` (add `args: [--fail-on, error]` to let warnings through). The same
+hook is published in this repository's `.pre-commit-hooks.yaml`, as `id: nandoctor-lint`.
+`language: system` on purpose: pre-commit's own `language: python` would install
+nandoctor, and with it torch, into an environment of its own.
+
 ## Checks
 
 | id | severity | looks for |
