@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from nandoctor.lint.docs import render_lint_docs
 from nandoctor.lint.registry import all_checks
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
 
 
 def test_committed_lint_md_is_generated():
@@ -32,3 +41,18 @@ def test_usage_options_and_sarif_recipe():
     assert "github/codeql-action/upload-sarif" in text
     assert "security-events: write" in text
     assert "[tool.nandoctor.lint]" in text
+
+
+def test_the_published_pre_commit_hook_is_the_one_the_docs_recommend():
+    # `language: system`: pre-commit's own python environment would install torch again
+    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    script, command = hook["entry"].split()
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert (script, command) == ("nandoctor", "lint") and script in scripts
+    assert hook["language"] == "system"
+    assert set(hook["types_or"]) == {"python", "jupyter"}
+    recipe = render_lint_docs().split("## pre-commit")[1].split("```yaml")[1].split("```")[0]
+    (local,) = yaml.safe_load(recipe)["repos"][0]["hooks"]
+    assert {k: local[k] for k in hook if k != "description"} == {
+        k: v for k, v in hook.items() if k != "description"
+    }
