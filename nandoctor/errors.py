@@ -158,6 +158,8 @@ def peer_failed(error: BaseException) -> bool:
     class: torch is not imported here)."""
     if "RANK" not in os.environ:  # not a worker of a data-parallel job
         return False
+    if isinstance(error, OSError):  # this process's own file or pipe (`| head`): gloo and
+        return False  # NCCL raise their "Broken pipe" as torch's errors, never as OSError
     name = type(error).__name__
     text = str(error)
     return name in ("DistError", "DistBackendError", "DistNetworkError") or any(

@@ -5,6 +5,7 @@ texts, not the report model behind them (docs/performance.md, Start-up)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 import typer
 
 from nandoctor.cli.app import end_before_teardown, handles_errors
+from nandoctor.errors import peer_failed
 from tests.conftest import REPO
 
 PROBE = """
@@ -119,3 +121,12 @@ def test_a_peer_rank_gone_during_nandoctors_own_exchange_is_one_line_and_exit_3(
     assert "error: rank 1: another rank failed or hung during an exchange between ranks" in err
     assert "hint: that rank's own error is printed above" in err
     assert "Traceback" not in err
+
+
+def test_a_closed_pipe_in_a_launched_rank_is_not_a_lost_peer(monkeypatch):
+    # `diagnose --json - | head` on rank 0: this process's own pipe, not another rank;
+    # gloo says "Broken pipe" too, but in torch's errors, never as an OSError
+    monkeypatch.setenv("RANK", "0")
+    assert not peer_failed(BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:598] Write error: Broken pipe")
+    assert peer_failed(gloo)
