@@ -19,6 +19,7 @@ from nandoctor.errors import peer_failed
 from tests.conftest import REPO
 
 PROBE = """
+import json
 import sys
 from nandoctor.cli import app
 try:
@@ -32,10 +33,7 @@ print("modules:", json.dumps(sorted(sys.modules)), file=sys.stderr)
 def loaded_modules(*args: str) -> set[str]:
     """Run the CLI in a fresh interpreter; the modules it had imported when it was done."""
     done = subprocess.run(
-        [sys.executable, "-c", "import json\n" + PROBE, *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO
     )
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("modules:"), done.stderr
