@@ -219,7 +219,8 @@ def _checkable(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 def stacked(values: list[torch.Tensor]) -> torch.Tensor:
     """One-element tensors (flags, losses, norms) as one 1-D tensor, to read in one go,
-    widened to a common dtype when theirs differ (a flag becomes 0.0 or 1.0)."""
+    widened to float64 when their dtypes differ (a flag among numbers reads 0.0 or 1.0;
+    flags alone stay bool)."""
     values = [v if v.dim() == 0 else v.reshape(()) for v in values]
     if len({v.dtype for v in values}) > 1:
         values = [v.double() for v in values]  # NB: widening keeps inf and NaN
