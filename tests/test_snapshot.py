@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from nandoctor.runtime.probe import Phase, Probe
+from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.snapshot import AUTO_MIN_EVERY, SnapshotStore, state_bytes
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.load import load_config
@@ -115,3 +116,13 @@ def test_memory_is_two_states_plus_the_batches(project, tmp_path):
     run(session, store, Probe(), 6)
     batch_bytes = sum(t.numel() * t.element_size() for t in session.batches.first_epoch()[0])
     assert store.nbytes <= 2 * state_bytes(session) + 2 * batch_bytes
+
+
+def test_every_replay_of_a_step_sees_its_batch_as_the_run_did(project, tmp_path):
+    session = session_of(project, tmp_path, loss="dropout.py:mutating_loss")
+    store, probe = SnapshotStore(session), Losses()
+    run(session, store, probe, 3)
+    for _ in range(2):  # a recheck, then the localisation's replay: one kept batch, twice
+        for step, batch in store.rewind_to(2):
+            SessionSteps(session).run(step, batch, probe)
+    assert probe.seen[2][0] == probe.seen[2][1] == probe.seen[2][2]

@@ -22,7 +22,7 @@ from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import call_inputs
+from nandoctor.runtime.tensors import call_inputs, host_copy
 from nandoctor.setup.session import Session
 
 StepFn = Callable[..., Any]
@@ -37,12 +37,14 @@ class StepRunner(Protocol):
 
 @dataclass(frozen=True)
 class SessionSteps:
-    """nandoctor's own step on a `Session`; a kept step is its batch."""
+    """nandoctor's own step on a `Session`; a kept step is its batch, and each run gets a
+    copy of it (NB: on the CPU the step would hand the kept tensors themselves to a loss
+    that may modify them in place, and the next replay of the step would see that)."""
 
     session: Session
 
     def run(self, step: int, kept: Any, probe: Probe | None = None) -> None:
-        run_step(self.session, step, kept, probe if probe is not None else Probe())
+        run_step(self.session, step, host_copy(kept), probe if probe is not None else Probe())
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import MEMORY_ERRORS, iter_tensors, local, map_tensors
+from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -159,7 +159,7 @@ class SnapshotStore:
         if self.out_of_memory:
             return
         try:
-            self._batches[step] = batch if copied else _host_copy(batch)
+            self._batches[step] = batch if copied else host_copy(batch)
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
                 self._capture(step)
         except MEMORY_ERRORS:
@@ -266,22 +266,3 @@ def state_bytes(objects: TrainingObjects) -> int:
     model, optimizer = model_and_optimizer(objects)
     tensors = [*model.state_dict().values(), *iter_tensors(list(optimizer.state.values()))]
     return sum(local(t).numel() * t.element_size() for t in tensors)  # FSDP: this rank's shard
-
-
-def _host_copy(batch: Any) -> Any:
-    """A private host copy of the batch: the user's loss may modify its batch in place.
-
-    NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
-    file in a batch field (deepcopy refuses them); the replay then sees the same object."""
-    return map_tensors(batch, _tensor_copy, _leaf_copy)
-
-
-def _tensor_copy(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_meta else t.detach().to("cpu", copy=True)
-
-
-def _leaf_copy(leaf: Any) -> Any:
-    try:
-        return copy.deepcopy(leaf)
-    except Exception:
-        return leaf

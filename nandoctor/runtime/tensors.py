@@ -98,6 +98,26 @@ def map_tensors(
     return other(obj)
 
 
+def host_copy(batch: Any) -> Any:
+    """A private host copy of a batch: a user's loss may modify its batch in place, and a
+    kept batch must stay as the run saw it, replay after replay.
+
+    NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
+    file in a batch field (deepcopy refuses them); the replay then sees the same object."""
+    return map_tensors(batch, _tensor_copy, _leaf_copy)
+
+
+def _tensor_copy(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_meta else t.detach().to("cpu", copy=True)
+
+
+def _leaf_copy(leaf: Any) -> Any:
+    try:
+        return copy.deepcopy(leaf)
+    except Exception:
+        return leaf
+
+
 def _mapped_mapping(obj: Mapping, values: dict) -> Any:
     """`obj`'s own type holding `values`: a copy with its items replaced (a `ModelOutput`
     or a `BatchEncoding` keeps its attributes), or a plain dict for a read-only mapping."""
