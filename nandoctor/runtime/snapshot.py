@@ -162,10 +162,9 @@ class SnapshotStore:
             self._batches[step] = batch if copied else host_copy(batch)
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
                 self._capture(step)
+                self._forget_old_batches()  # NB: only a capture (or unpin) makes batches old
         except MEMORY_ERRORS:
             self._give_up()
-            return
-        self._forget_old_batches()
 
     def _give_up(self) -> None:
         """Out of host memory for snapshots: keep none, free their buffers, and let the
