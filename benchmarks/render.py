@@ -101,6 +101,17 @@ def _flags(flags: dict | None) -> list[str]:
     if not flags:
         return []
     has = ", ".join(f"{name} {'yes' if on else 'no'}" for name, on in flags.items())
+    if flags.get("avx512_bf16") or flags.get("amx_bf16"):
+        fp16 = (
+            "float16 too."
+            if flags.get("avx512_fp16")
+            else "not float16 (no avx512_fp16): those steps are slow, which shrinks their ratios."
+        )
+        return [
+            f"Instruction sets: {has}. This CPU multiplies bfloat16 in hardware, so its",
+            "bfloat16 steps are as short as the float32 ones and their ratios show the cost",
+            f"at full speed too; {fp16}",
+        ]
     return [
         f"Instruction sets: {has}. Without avx512_bf16 or amx_bf16 the CPU emulates bfloat16",
         "matmuls (and float16 ones, slower still without avx512_fp16): the half-precision",

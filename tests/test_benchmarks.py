@@ -3,7 +3,7 @@ runs and reports every figure, not its timings (those belong to docs/performance
 
 from __future__ import annotations
 
-from benchmarks.render import _missed, _sync_targets
+from benchmarks.render import _flags, _missed, _sync_targets
 from benchmarks.run import main
 
 
@@ -61,3 +61,12 @@ def test_on_cuda_the_sentinels_blocking_syncs_are_a_target_of_their_own():
         ("`sentinel` blocking syncs per step beyond the plain loop's, mlp-fp16", "+0", "+0", True),
         ("`sentinel` blocking syncs per step beyond the plain loop's, mlp-fp32", "+1", "+0", False),
     ]
+
+
+def test_the_page_says_half_precision_is_emulated_only_where_it_is():
+    native = " ".join(_flags({"avx2": True, "avx512_bf16": True, "avx512_fp16": False}))
+    assert "multiplies bfloat16 in hardware" in native
+    assert "not float16 (no avx512_fp16)" in native
+    emulated = " ".join(_flags({"avx2": True, "avx512_bf16": False, "amx_bf16": False}))
+    assert "the CPU emulates bfloat16" in emulated
+    assert _flags(None) == []  # a machine whose flags could not be read: no claim
