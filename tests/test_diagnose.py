@@ -65,6 +65,53 @@ def test_a_nan_in_the_batch_is_caught_in_input_at_its_exact_step(project, dtype)
     assert report.steps_completed == 2
 
 
+MASKED = """
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+def regression(batches=8, log_zero_at=None):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(batches):
+        x = torch.randn(16, 8, generator=g)
+        y = x.sum(1, keepdim=True)
+        y[::5] = float("nan")  # labels missing, stored as NaN
+        out.append((x, y, torch.tensor(float(i == log_zero_at))))
+    return out
+
+
+def masked_mse(model, batch):
+    x, y, log_zero = batch
+    known = ~torch.isnan(y)
+    return ((model(x) - y)[known] ** 2).mean() - torch.log(1 - log_zero)
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_labels_missing_as_nan_and_masked_in_the_loss_are_a_healthy_run(project, tmp_path, dtype):
+    (tmp_path / "masked.py").write_text(MASKED)
+    config = {"model": "masked.py:build_model", "data": "masked.py:regression"}
+    report = run(project, **config, loss="masked.py:masked_mse", precision={"dtype": dtype})
+    assert report.status == "healthy" and report.first_nonfinite is None
+
+
+def test_a_failure_beside_masked_labels_is_found_at_its_own_step_and_op(project, tmp_path):
+    (tmp_path / "masked.py").write_text(MASKED)
+    config = {"model": "masked.py:build_model", "data": "masked.py:regression"}
+    report = run(
+        project, **config, loss="masked.py:masked_mse", data_args={"log_zero_at": 3}, steps=8
+    )
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (3, "loss", "aten.log.default")
+    assert report.causes[0].id == "log-of-zero"
+    assert [(t.phase, t.op) for t in report.transients] == [("input", None)]  # the labels' NaN
+
+
 def test_an_inf_in_a_later_epoch_batch_is_caught_at_its_step(project):
     report = run(project, data_args={"batches": 4, "inf_at": 3}, steps=10)
     assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (3, "input")

@@ -316,3 +316,53 @@ def test_a_step_that_announced_nothing_but_its_update_reads_as_clean():
     sentinel.step_ended(ctx)
     (verdict,) = sentinel.collect()
     assert not verdict.failed and verdict.reading.step == 1
+
+
+# -- values that heal: a non-finite batch or output fails a step only with what it reaches --
+@pytest.mark.parametrize(
+    "flags", [{"input": True}, {"forward": True}, {"input": True, "forward": True}]
+)
+def test_a_batch_or_output_whose_nan_the_loss_selects_away_leaves_the_step_healthy(flags):
+    """Labels missing as NaN and masked in the loss: the loss, the gradients and the
+    weights stay finite, so nothing failed (SPEC: values that heal are never the origin)."""
+    assert not Judge()(reading(step=4, **flags)).failed
+
+
+@pytest.mark.parametrize(
+    ("flags", "phase"),
+    [
+        ({"input": True, "grads": True}, Phase.INPUT),
+        ({"forward": True, "grads": True}, Phase.FORWARD),
+        ({"input": True, "params": True}, Phase.INPUT),
+    ],
+)
+def test_a_failure_the_batch_or_output_reaches_begins_in_their_phase(flags, phase):
+    verdict = Judge()(reading(step=4, **flags))
+    assert verdict.failed and (verdict.step, verdict.phase) == (4, phase)
+
+
+def test_a_scaler_skip_beside_a_masked_batch_is_still_only_a_skip():
+    verdict = Judge(recheck=lambda step: False)(
+        reading(step=4, scale=2.0**16, input=True, grads=True)
+    )
+    assert verdict.skipped and not verdict.failed and verdict.skip_reason == OVERFLOW
+
+
+def test_a_failure_the_scaler_hid_beside_a_bad_batch_begins_in_the_batch():
+    verdict = Judge(recheck=lambda step: True)(
+        reading(step=4, scale=2.0**16, input=True, grads=True)
+    )
+    assert verdict.failed and verdict.hidden and verdict.phase is Phase.INPUT
+    assert verdict.replay_scale == 1.0  # still replayed unscaled
+
+
+def test_a_collapse_still_points_back_to_its_streak_when_its_last_batch_is_bad():
+    judge = Judge(max_streak=3)
+    for s in (1, 2):
+        assert judge(reading(step=s, scale=2.0**10, grads=True)).skipped
+    verdict = judge(reading(step=3, scale=2.0**10, input=True, grads=True))
+    assert (
+        verdict.failed
+        and verdict.collapsed
+        and (verdict.step, verdict.phase) == (1, Phase.BACKWARD)
+    )

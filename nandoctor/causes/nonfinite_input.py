@@ -19,7 +19,9 @@ INFO = entry(
     and, after the backward, the gradient of every weight. The usual sources are in the
     data pipeline: a per-sample normalisation dividing by a zero standard deviation, a log
     of 0 in feature engineering, missing values read as NaN from CSV or Parquet, a corrupt
-    image. The model did nothing wrong; the fix belongs in the data.
+    image. The model did nothing wrong; the fix belongs in the data. (Labels missing on
+    purpose, stored as NaN and masked in the loss, are not this: their values never reach
+    the loss, so the run is healthy.)
     """,
     fix="""
     Find and repair the bad samples (check `torch.isfinite(x).all()` per sample in the

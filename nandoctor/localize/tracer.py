@@ -122,12 +122,20 @@ class Tracer(Probe):
         self.ctx = None
 
     def _input_checked(self, ctx: StepContext) -> None:
+        """A non-finite batch tensor is an origin like any op's output: it is the failure's
+        origin only if its values reach the failure (labels missing as NaN, masked in the
+        loss, heal: a transient). NB: a batch announced after ops already met its values
+        (`watch` meets a model called by keyword at its first call's end) cannot be
+        followed: then, as a tracer without lineages would, the batch is the origin."""
+        late = bool(self.origins.born)
         for path, t in named_tensors(ctx.batch):
             if _has_nonfinite(t):
                 tensor = f"input:{path or 'batch'}"
-                found = finding_of(Phase.INPUT, None, None, tensor, t, None)
-                self.origin = self._stamped(found)
-                return
+                found = self._stamped(finding_of(Phase.INPUT, None, None, tensor, t, None))
+                if late:
+                    self.origin = found
+                    return
+                self.origins.mark(t, self.origins.birth(found, ctx.step, False, []))
 
     def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
         """If any of these values is non-finite, the failure is reached: report the
@@ -139,12 +147,21 @@ class Tracer(Probe):
         known = [x for _, t in bad if (x := self.origins.lineage(t)) is not None]
         if known:
             lineage = reaching(known)
-            self.origin = lineage.origin.finding
-            self.transients = transients(self.origins.born, lineage.ancestors)
+            origin = lineage.origin
+            batch = next((o for o in self.origins.born if o.finding.phase is Phase.INPUT), None)
+            if origin.deliberate and batch is not None:
+                # NB: a value no op of ours made non-finite, in a step whose batch was: the
+                # batch's values, through an op the tracer does not see (a sparse batch's
+                # to_dense), not a mask buffer
+                origin = batch
+            self.origin = origin.finding
+            self.transients = transients(self.origins.born, lineage.ancestors | {origin.seq})
             return
         # NB: made where no op of ours saw it: the first accidental origin (if any), as
         # a tracer without lineages would say, or the tensor itself
-        first = next((o for o in self.origins.born if not o.deliberate), None)
+        # NB: a batch's NaN comes last: born before any op, it would always be "first"
+        accidental = [o for o in self.origins.born if not o.deliberate]
+        first = min(accidental, key=lambda o: o.finding.phase is Phase.INPUT, default=None)
         if first is None:
             role, t = bad[0]
             owner = _owner(role) if ":" in role and role != "output" else None

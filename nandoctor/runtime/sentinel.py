@@ -29,17 +29,21 @@ announces, and the sentinel's rules already cover both, so it has no mode for it
 - the GradScaler may first appear mid-run: the judge learns its scale when it does;
 - the step ends when the driver says so (`step_ended`).
 
-A reading becomes a `Verdict` in `Judge`, which holds the rules of SPEC.md: the first
-phase whose values went non-finite is the failure. A GradScaler skip is an event when
-it was an overflow: the judge asks the driver to recheck the step's gradients at loss
-scale 1 (`runtime.recheck`; only on a skip, so a clean step costs nothing), and a step
-whose gradients are non-finite there too is the failure the scaler hid. A driver that
-cannot re-run its loop (the hooks) answers "unchecked", and the streak rule is then the
-only guard: skips in a row until the scale collapses are a failure, either way.
+A reading becomes a `Verdict` in `Judge`, which holds the rules of SPEC.md: a step fails
+when its loss, gradients or weights went non-finite (or its weights were before it), and
+its phase is the first whose values went non-finite, the batch's included; a NaN in the
+batch that the loss selects away heals (labels missing as NaN), as any transient does.
+A GradScaler skip is an event when it was an overflow: the judge asks the driver to
+recheck the step's gradients at loss scale 1 (`runtime.recheck`; only on a skip, so a
+clean step costs nothing), and a step whose gradients are non-finite there too is the
+failure the scaler hid. A driver that cannot re-run its loop (the hooks) answers
+"unchecked", and the streak rule is then the only guard: skips in a row until the scale
+collapses are a failure, either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Iterator
@@ -444,15 +448,27 @@ class Judge:
         return cls(min_scale=min_scale, backoff=scaler.get_backoff_factor(), recheck=recheck)
 
     def __call__(self, r: Reading) -> Verdict:
-        if r.params_before or r.input or r.forward or r.loss_bad:  # NB: the rare case
+        """NB: a non-finite batch or model output fails a step only with what it reaches:
+        the loss, the gradients or the weights. Values the loss selects away (labels
+        missing as NaN, masked positions) heal; the step is healthy. When the step does
+        fail, its phase is the first that went non-finite, the batch's included."""
+        if r.params_before or r.loss_bad:  # NB: the rare case
             return self._failed_before_backward(r)
         if r.grads:
-            return self._bad_gradients(r)
+            return self._upstream(r, self._bad_gradients(r))
         self.streak, self.counted, self.streak_start = 0, 0, None
         if r.params:
             why = "the optimizer's update made parameters non-finite"
-            return Verdict(r, failed=True, step=r.step, phase=Phase.OPTIMIZER, why=why)
+            failed = Verdict(r, failed=True, step=r.step, phase=Phase.OPTIMIZER, why=why)
+            return self._upstream(r, failed)
         return Verdict(r)
+
+    def _upstream(self, r: Reading, verdict: Verdict) -> Verdict:
+        """A failure of this step's gradients or update whose batch or model output was
+        already non-finite began there (not a collapse: it points back to its streak)."""
+        if not (r.input or r.forward) or not verdict.failed or verdict.collapsed:
+            return verdict
+        return dataclasses.replace(self._failed_before_backward(r), hidden=verdict.hidden)
 
     def _failed_before_backward(self, r: Reading) -> Verdict:
         """The first phase before the backward whose values went non-finite."""
