@@ -232,6 +232,33 @@ def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     assert guard.result.steps_run == len(batches)
 
 
+def test_labels_missing_as_nan_and_masked_in_the_loss_keep_both_forms_healthy():
+    """The rule diagnose follows: a batch's NaN that the loss selects away heals."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(8, 8), torch.randn(8, 1)) for _ in range(4)]
+    for _, y in batches:
+        y[::3] = float("nan")  # missing labels
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        known = ~torch.isnan(y)
+        loss = ((model(x) - y)[known] ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    with Guard(model, optimizer) as guard:
+        guarded(guard, train_step, batches)
+    with Guard(model, optimizer) as with_form:
+        for batch in batches:
+            train_step(batch)
+    assert guard.report is None and with_form.report is None
+    assert guard.result.steps_run == with_form.result.steps_run == len(batches)
+
+
 def fp16_loop(steps: int = 12, init_scale: float = 2.0**24, sqrt_at_zero: bool = False):
     """tiny_loop under float16 autocast with a GradScaler (which overflows a few times
     first at 2**24); `sqrt_at_zero` adds a term whose gradient is NaN at any scale."""
