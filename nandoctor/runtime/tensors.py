@@ -138,22 +138,36 @@ def to_device(obj: Any, device: torch.device) -> Any:
 def _grouped_norms(
     tensors: Sequence[torch.Tensor], ord: float, dtype: torch.dtype = torch.float32
 ) -> list[torch.Tensor]:
-    """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group."""
+    """Per-tensor norms accumulated in `dtype`, one fused kernel per (device, dtype) group.
+
+    NB: the common case (a model's gradients: plain tensors of one device and dtype) is
+    recognised in one pass, without a Python call per tensor: the sentinel measures them
+    every step, where each call meets caches the step's kernels have just emptied."""
+    kinds = {(type(t), t.layout, t.device, t.dtype, t.requires_grad) for t in tensors}
+    if len(kinds) == 1:
+        kind, layout, device, group_dtype, needs_grad = next(iter(kinds))
+        plain = kind is torch.Tensor and layout == torch.strided and not needs_grad
+        if plain and not group_dtype.is_complex and device.type in ("cpu", "cuda"):
+            return _foreach_norm(list(tensors), ord, _accumulated_in(group_dtype, dtype))
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         t = _values(t)
         groups.setdefault((t.device, t.dtype), []).append(t)
     norms: list[torch.Tensor] = []
     for (device, group_dtype), group in groups.items():
-        # NB: a norm is never accumulated in fewer bits than its values (float64 weights)
-        acc = torch.float64 if torch.float64 in (group_dtype, dtype) else dtype
+        acc = _accumulated_in(group_dtype, dtype)
         if device.type in ("cpu", "cuda"):
-            # NB: reduced-precision norms are accumulated in float32: the L2 norm of finite
-            # float16 values overflows float16 long before the values do.
             norms.extend(_foreach_norm(group, ord, acc))
         else:
             norms.extend(torch.linalg.vector_norm(t, ord, dtype=acc) for t in group)
     return norms
+
+
+def _accumulated_in(values: torch.dtype, wanted: torch.dtype) -> torch.dtype:
+    """NB: a norm is never accumulated in fewer bits than its values (float64 weights);
+    reduced-precision values are accumulated in (at least) float32: the L2 norm of finite
+    float16 values overflows float16 long before the values do."""
+    return torch.float64 if torch.float64 in (values, wanted) else wanted
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,50 @@
+"""runtime.tensors: the norms the sentinel reads every step, whatever the tensors are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nandoctor.runtime.tensors import tensor_norms, total_norm
+
+
+def expected(tensors: list[torch.Tensor]) -> list[float]:
+    def real(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        t = t.coalesce().values() if t.is_sparse else t
+        return torch.view_as_real(t) if t.is_complex() else t
+
+    return sorted(torch.linalg.vector_norm(real(t).double()).item() for t in tensors)
+
+
+GRADIENT_LISTS = {
+    "one dtype (a model's gradients)": [torch.randn(64, 32), torch.randn(32), torch.randn(7)],
+    "float64": [torch.randn(5, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)],
+    "float16 and float32": [torch.randn(8).half(), torch.randn(8)],
+    "one requires grad": [torch.randn(4), torch.randn(4, requires_grad=True)],
+    "complex": [torch.randn(4, dtype=torch.complex64), torch.randn(4, dtype=torch.complex64)],
+    "sparse": [torch.randn(4, 4).to_sparse(), torch.randn(4)],
+    "a parameter": [torch.nn.Parameter(torch.randn(3)), torch.randn(3)],
+}
+
+
+@pytest.mark.parametrize("tensors", GRADIENT_LISTS.values(), ids=GRADIENT_LISTS.keys())
+def test_each_tensors_norm_whatever_its_kind(tensors):
+    norms = tensor_norms(tensors)
+    assert sorted(n.item() for n in norms) == pytest.approx(expected(tensors), rel=1e-3)
+    assert not any(n.requires_grad for n in norms)  # measured outside autograd
+
+
+def test_half_precision_norms_are_accumulated_in_float32_and_float64_ones_in_float64():
+    big = torch.full((4,), 60000.0, dtype=torch.float16)  # its norm, 120000, is past float16
+    (norm,) = tensor_norms([big])
+    assert norm.dtype == torch.float32 and norm.item() == pytest.approx(120000.0)
+    (norm,) = tensor_norms([torch.ones(4, dtype=torch.float64)])
+    assert norm.dtype == torch.float64
+
+
+def test_a_nan_or_inf_makes_its_norm_non_finite_and_the_total_too():
+    for bad in (float("nan"), float("inf")):
+        grads = [torch.ones(3), torch.tensor([1.0, bad])]
+        assert not torch.isfinite(torch.stack(tensor_norms(grads))).all()
+        assert not torch.isfinite(total_norm(grads, torch.device("cpu")))
