@@ -24,6 +24,7 @@ from nandoctor.runtime.sentinel import (
     Reading,
     Sentinel,
     Verdict,
+    _reading,
 )
 
 
@@ -366,3 +367,15 @@ def test_a_collapse_still_points_back_to_its_streak_when_its_last_batch_is_bad()
         and verdict.collapsed
         and (verdict.step, verdict.phase) == (1, Phase.BACKWARD)
     )
+
+
+def test_a_rank_whose_masked_nan_healed_is_not_named_an_origin():
+    """Rank 0's batch holds labels missing as NaN (masked: its loss and own gradients stay
+    finite); rank 1's own gradients went NaN: rank 1 is the origin, rank 0 inherited it."""
+    # the slots: params_before, input, forward, local_grads, grads, params, loss, norm, scale
+    masked = [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.5, float("nan"), 0.0]
+    broken = [0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.7, float("nan"), 0.0]
+    r = _reading(3, [masked, broken], has_scale=False)
+    assert (r.origin_ranks, r.inherited_ranks) == ((1,), (0,))
+    verdict = Judge()(r)
+    assert verdict.failed and verdict.phase is Phase.BACKWARD  # rank 1's, not rank 0's batch

@@ -96,7 +96,9 @@ _SLOTS = (  # NB: `_one_rank` unpacks a row in this order
     "grad_norm",
     "scale",
 )
-_ORIGIN_SLOTS = ("params_before", "input", "forward", "loss_bad", "local_grads")
+# NB: a rank's batch or output that went non-finite made it an origin only through its own
+# loss or gradients (a masked NaN heals): the flags a rank raised before the all-reduce
+_ORIGIN_SLOTS = ("params_before", "loss_bad", "local_grads")
 _INPUT, _GRADS, _LOCAL_GRADS = (_SLOTS.index(k) for k in ("input", "grads", "local_grads"))
 _GRAD_NORM, _SCALE, _LOSS = (_SLOTS.index(k) for k in ("grad_norm", "scale", "loss"))
 
@@ -366,8 +368,9 @@ def _bad(value: torch.Tensor) -> torch.Tensor:
 
 
 def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool = False) -> Reading:
-    """One reading from every rank's row: a flag is up if any rank raised it. `sharded`:
-    each row's gradient norm is its rank's shard's, and the model's is their L2 sum."""
+    """One reading from every rank's row: a flag is up if any rank raised it (the batch's
+    and the output's: any rank the failure began on, when one did). `sharded`: each row's
+    gradient norm is its rank's shard's, and the model's is their L2 sum."""
     if len(rows) == 1:
         return _one_rank(step, rows[0], has_scale)
     per_rank = [dict(zip(_SLOTS, row, strict=True)) for row in rows]
@@ -376,12 +379,13 @@ def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool 
     any_rank = {k: any(r[k] for r in per_rank) for k in (*_SLOTS, "loss_bad")}
     origin = tuple(i for i, r in enumerate(per_rank) if any(r[k] for k in _ORIGIN_SLOTS))
     bad = [i for i, r in enumerate(per_rank) if r["grads"] or r["params"]]
+    began = [per_rank[i] for i in origin] or per_rank  # NB: not a rank whose NaN healed
     first = per_rank[0]
     return Reading(
         step=step,
         params_before=any_rank["params_before"],
-        input=any_rank["input"],
-        forward=any_rank["forward"],
+        input=any(r["input"] for r in began),
+        forward=any(r["forward"] for r in began),
         loss_bad=any_rank["loss_bad"],
         grads=any_rank["grads"],
         params=any_rank["params"],
