@@ -100,14 +100,20 @@ def test_labels_missing_as_nan_and_masked_in_the_loss_are_a_healthy_run(project,
     assert report.status == "healthy" and report.first_nonfinite is None
 
 
-def test_a_failure_beside_masked_labels_is_found_at_its_own_step_and_op(project, tmp_path):
+@pytest.mark.parametrize("accum", [1, 2])  # 2: batch 3 is step 1's second micro-batch
+def test_a_failure_beside_masked_labels_is_found_at_its_own_step_and_op(project, tmp_path, accum):
     (tmp_path / "masked.py").write_text(MASKED)
     config = {"model": "masked.py:build_model", "data": "masked.py:regression"}
     report = run(
-        project, **config, loss="masked.py:masked_mse", data_args={"log_zero_at": 3}, steps=8
+        project,
+        **config,
+        loss="masked.py:masked_mse",
+        data_args={"log_zero_at": 3},
+        grad_accum_steps=accum,
+        steps=8 // accum,
     )
     first = report.first_nonfinite
-    assert (first.step, first.phase, first.op) == (3, "loss", "aten.log.default")
+    assert (first.step, first.phase, first.op) == (3 // accum, "loss", "aten.log.default")
     assert report.causes[0].id == "log-of-zero"
     assert [(t.phase, t.op) for t in report.transients] == [("input", None)]  # the labels' NaN
 

@@ -61,6 +61,8 @@ class Tracer(Probe):
         self._busy = False
         self._evidence_left = {True: MAX_EVIDENCE, False: MAX_EVIDENCE}  # by deliberate
         self._nodes: dict[Any, NodeInfo] = {}
+        # NB: origins born since this micro-batch began, and when its INPUT phase began
+        self._micro_from = self._input_from = 0
         self.provenance = Provenance()
         self._stack = contextlib.ExitStack()
 
@@ -102,7 +104,13 @@ class Tracer(Probe):
                     )
                     return
 
+    def phase_started(self, ctx: StepContext, phase: Phase) -> None:
+        if phase is Phase.INPUT:
+            self._input_from = len(self.origins.born)
+
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
+        if phase is Phase.BACKWARD:  # NB: the next micro-batch, if any, begins
+            self._micro_from = len(self.origins.born)
         if self.origin is not None:
             return
         with self.quiet():
@@ -124,10 +132,12 @@ class Tracer(Probe):
     def _input_checked(self, ctx: StepContext) -> None:
         """A non-finite batch tensor is an origin like any op's output: it is the failure's
         origin only if its values reach the failure (labels missing as NaN, masked in the
-        loss, heal: a transient). NB: a batch announced after ops already met its values
-        (`watch` meets a model called by keyword at its first call's end) cannot be
-        followed: then, as a tracer without lineages would, the batch is the origin."""
-        late = bool(self.origins.born)
+        loss, heal: a transient). NB: a batch announced after ops of its micro-batch
+        already met its values (`watch` meets a model called by keyword at its first
+        call's end; a hooked loop that moves its batch before calling the model) cannot be
+        followed: then, as a tracer without lineages would, the batch is the origin. Ops
+        inside the INPUT phase (the copy to the device) are the batch's own."""
+        late = self._input_from > self._micro_from
         for path, t in named_tensors(ctx.batch):
             if _has_nonfinite(t):
                 tensor = f"input:{path or 'batch'}"
