@@ -483,3 +483,25 @@ def test_fsdps_copy_into_its_all_gather_buffer_leaves_the_other_ranks_part_unwri
         torch.ops.fsdp.all_gather_copy_in([shard], buffer, [3], 3, 0)
     assert tracer.origins.born == []
     assert buffer[:3].tolist() == [1.0, 1.0, 1.0]  # it still ran: its part is written
+
+
+def test_the_batchs_copy_to_the_device_is_the_batch_not_an_origin_of_its_own():
+    # on CUDA, INPUT copies the batch to the device: an op whose NaN output no op of ours
+    # made. The batch is the origin of what it carries; the copy is neither an origin nor
+    # a transient (here a clone on the CPU stands for that copy)
+    objects = SimpleNamespace(model=nn.Linear(2, 1), optimizer=None)
+    tracer = Tracer(objects)
+    host = torch.tensor([[1.0, float("nan")]])
+    ctx = StepContext(objects, 0, (host,))
+    with tracer:
+        tracer.step_started(ctx)
+        ctx.phases.append(Phase.INPUT)
+        tracer.phase_started(ctx, Phase.INPUT)
+        ctx.batch = (host.clone(),)  # the copy to the device
+        tracer.phase_ended(ctx, Phase.INPUT)
+        ctx.phases[-1] = Phase.LOSS
+        ctx.loss = objects.model(ctx.batch[0]).sum()
+        tracer.phase_ended(ctx, Phase.LOSS)
+    assert (tracer.finding.phase, tracer.finding.tensor) == (Phase.INPUT, "input:0")
+    assert [o.finding.op for o in tracer.origins.born] == [None]  # the batch alone
+    assert tracer.transients == []

@@ -93,6 +93,11 @@ class OriginTable:
         self.born.append(origin)
         return Lineage(origin, _ancestors(parents) | {origin.seq})
 
+    def unborn(self, count: int) -> None:
+        """Forget the origins born after the first `count`: copies of a value whose own
+        origin is then marked on them (the batch's copy to the device)."""
+        del self.born[count:]
+
     # -- a collective's output: its values may be copied in after it returned ---------
     def expect(self, t: torch.Tensor, lineage: Lineage) -> None:
         """`t` will receive what a collective made of values of this lineage."""

@@ -138,6 +138,8 @@ class Tracer(Probe):
         followed: then, as a tracer without lineages would, the batch is the origin. Ops
         inside the INPUT phase (the copy to the device) are the batch's own."""
         late = self._input_from > self._micro_from
+        if not late:  # NB: what the copy to the device made non-finite, the batch held
+            self.origins.unborn(self._input_from)
         for path, t in named_tensors(ctx.batch):
             if _has_nonfinite(t):
                 tensor = f"input:{path or 'batch'}"
