@@ -160,12 +160,12 @@ class Tracer(Probe):
         if known:
             lineage = reaching(known)
             origin = lineage.origin
-            batch = next((o for o in self.origins.born if o.finding.phase is Phase.INPUT), None)
-            if origin.deliberate and batch is not None:
+            if origin.deliberate:
                 # NB: a value no op of ours made non-finite, in a step whose batch was: the
                 # batch's values, through an op the tracer does not see (a sparse batch's
                 # to_dense), not a mask buffer
-                origin = batch
+                batch = (o for o in self.origins.born if o.finding.phase is Phase.INPUT)
+                origin = next(batch, origin)
             self.origin = origin.finding
             self.transients = transients(self.origins.born, lineage.ancestors | {origin.seq})
             return
