@@ -3,8 +3,9 @@
 
 - plain: the loop a user writes (autocast, GradScaler, unscale_, step, update);
 - loop: nandoctor's step with no probe (the price of the phases alone);
-- plain+norm: the plain loop plus one fused norm of its gradients, read each step: the
-  least any exact per-step check of the gradients costs (the sentinel's floor);
+- plain+norm: the plain loop plus each gradient's sum of squares (the sentinel's kernels,
+  right after the backward), read each step: the least any exact per-step check of the
+  gradients costs (the sentinel's floor);
 - sentinel: nandoctor's step with the sentinel, read every step (what `diagnose` runs);
 - sentinel+snapshots: the same, plus the snapshot store (what `diagnose` really runs);
 - guard: the plain loop, unchanged, inside `with nandoctor.Guard(...)`: the hooks that
@@ -24,7 +25,7 @@ NB: the global hooks of guard and watch are attached only while that candidate r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,7 +38,7 @@ from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import stacked, tensor_norms, to_device
+from nandoctor.runtime.tensors import square_sums, stacked, tensor_norms, to_device
 from nandoctor.setup.session import Session
 
 
@@ -60,8 +61,9 @@ class Candidate:
         pass
 
 
-def plain_step(s: Session, batch: Any) -> None:
-    """The user's loop, written out: what every other candidate is measured against."""
+def plain_step(s: Session, batch: Any, after_backward: Callable[[], Any] | None = None) -> Any:
+    """The user's loop, written out: what every other candidate is measured against.
+    `after_backward` runs once the gradients are final; its result is returned."""
     batch = to_device(batch, s.device)
     s.optimizer.zero_grad(set_to_none=True)
     with s.autocast():
@@ -69,11 +71,15 @@ def plain_step(s: Session, batch: Any) -> None:
     if s.scaler is not None:
         s.scaler.scale(loss).backward()
         s.scaler.unscale_(s.optimizer)
+    else:
+        loss.backward()
+    seen = after_backward() if after_backward is not None else None
+    if s.scaler is not None:
         s.scaler.step(s.optimizer)
         s.scaler.update()
     else:
-        loss.backward()
         s.optimizer.step()
+    return seen
 
 
 class Loop(Candidate):
@@ -82,16 +88,23 @@ class Loop(Candidate):
 
 
 class NormFloor(Candidate):
-    """The plain loop, then each gradient's norm (one fused kernel), read on the host: a
-    finite-norm check of every gradient element with nothing else, no probe, no phases.
-    NB: on CUDA the kernels only, unread (the sentinel's read waits a step there)."""
+    """The plain loop with the sentinel's pass over the gradients and nothing else (no
+    probe, no phases): on the CPU each gradient's sum of squares, taken right after the
+    backward and read when the step ends; on CUDA each one's norm (the sentinel's fused
+    float64 kernel), unread (the sentinel's read waits a step there)."""
 
     def step(self, step: int, batch: Any) -> None:
-        plain_step(self.session, batch)
+        values = plain_step(self.session, batch, self._measure)
+        if values is not None and values.device.type == "cpu":
+            values.tolist()
+
+    def _measure(self) -> torch.Tensor | None:
         grads = [p.grad for p in self.session.params if p.grad is not None]
-        norms = stacked(tensor_norms(grads)) if grads else None
-        if norms is not None and norms.device.type == "cpu":
-            norms.tolist()
+        if not grads:
+            return None
+        if grads[0].device.type == "cuda":
+            return stacked(tensor_norms(grads))
+        return stacked(square_sums(grads))
 
 
 class WithSentinel(Candidate):

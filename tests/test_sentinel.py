@@ -148,13 +148,14 @@ def announce(
     grad: float,
     grad_scale: float | None = None,
     loss_dtype: torch.dtype = torch.float32,
+    batches: list[torch.Tensor] | None = None,
 ) -> list[Verdict]:
     """One step as `StepHooks` announces a user's step: a forward, loss and backward per
     micro-batch (the gradients as backward left them, still scaled), then the update."""
     ctx = StepContext(run, step, None)
     sentinel.step_started(ctx)
-    for loss in losses:
-        ctx.batch = (torch.ones(2, 4),)
+    for i, loss in enumerate(losses):
+        ctx.batch = (batches[i] if batches is not None else torch.ones(2, 4),)
         sentinel.phase_ended(ctx, Phase.INPUT)
         ctx.loss = torch.tensor(loss, dtype=loss_dtype)
         sentinel.phase_ended(ctx, Phase.LOSS)
@@ -173,6 +174,20 @@ def test_gradients_that_still_carry_the_loss_scale_are_measured_unscaled():
     true_norm = 3.0 * math.sqrt(sum(p.numel() for p in run.params))
     assert verdict.reading.grad_norm == pytest.approx(true_norm)
     assert verdict.reading.scale == 1024.0 and not verdict.failed
+
+
+def test_a_batch_is_judged_only_in_a_step_that_failed_every_micro_batch_of_it():
+    """A non-finite batch alone fails no step; in a failed step it names the phase,
+    whichever micro-batch held it."""
+    run, nan_batch = hooked_run(), torch.tensor([[float("nan"), 1.0]])
+    batches = [nan_batch, torch.ones(2, 4)]
+    (healthy,) = announce(Sentinel(run), run, 0, [1.0, 2.0], grad=0.1, batches=batches)
+    assert not healthy.failed and not healthy.reading.input  # NB: not even looked at
+    (failed,) = announce(Sentinel(run), run, 1, [1.0, float("inf")], grad=0.1, batches=batches)
+    assert (failed.failed, failed.step, failed.phase) == (True, 1, Phase.INPUT)
+    clean = [torch.ones(2, 4), torch.ones(2, 4)]
+    (failed,) = announce(Sentinel(run), run, 2, [1.0, float("inf")], grad=0.1, batches=clean)
+    assert failed.phase is Phase.LOSS
 
 
 def test_a_nonfinite_loss_is_not_overwritten_by_the_next_micro_batch():

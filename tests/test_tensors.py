@@ -1,11 +1,14 @@
-"""runtime.tensors: the norms the sentinel reads every step, whatever the tensors are."""
+"""runtime.tensors: the norms (and sums of squares) the sentinel reads every step,
+whatever the tensors are."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from nandoctor.runtime.tensors import tensor_norms, total_norm
+from nandoctor.runtime.tensors import square_sums, tensor_norms, total_norm
 
 
 def expected(tensors: list[torch.Tensor]) -> list[float]:
@@ -19,6 +22,7 @@ def expected(tensors: list[torch.Tensor]) -> list[float]:
 
 GRADIENT_LISTS = {
     "one dtype (a model's gradients)": [torch.randn(64, 32), torch.randn(32), torch.randn(7)],
+    "large and small": [torch.randn(256, 256), torch.randn(256), torch.randn(300, 300).t()],
     "float64": [torch.randn(5, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)],
     "float16 and float32": [torch.randn(8).half(), torch.randn(8)],
     "one requires grad": [torch.randn(4), torch.randn(4, requires_grad=True)],
@@ -48,3 +52,21 @@ def test_a_nan_or_inf_makes_its_norm_non_finite_and_the_total_too():
         grads = [torch.ones(3), torch.tensor([1.0, bad])]
         assert not torch.isfinite(torch.stack(tensor_norms(grads))).all()
         assert not torch.isfinite(total_norm(grads, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("tensors", GRADIENT_LISTS.values(), ids=GRADIENT_LISTS.keys())
+def test_each_tensors_sum_of_squares_is_its_norm_squared_whatever_its_kind(tensors):
+    squares = square_sums(tensors)
+    norms = sorted(math.sqrt(s.item()) for s in squares)
+    assert norms == pytest.approx(expected(tensors), rel=1e-3)
+    assert not any(s.requires_grad for s in squares)
+
+
+@pytest.mark.parametrize("numel", [2, 2**16])  # NB: small and large tensors take two paths
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_a_nan_or_inf_makes_its_sum_of_squares_non_finite(dtype, numel):
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        grad = torch.ones(numel, dtype=dtype)
+        grad[-1] = bad
+        squares = square_sums([torch.ones(3, dtype=dtype), torch.ones(numel, dtype=dtype), grad])
+        assert sorted(torch.isfinite(torch.stack(squares)).tolist()) == [False, True, True]

@@ -66,9 +66,6 @@ class StepContext:
     # unscaled them first (`run_step`); a user's loop unscales after backward, if ever
     grad_scale: torch.Tensor | None = None
     micro_batch: int | None = None  # gradient accumulation: the micro-batch under way
-    # NB: BACKWARD ended with the gradients the optimizer steps with (unscaled, clipped):
-    # nothing changes them before the step ends (`run_step`; a user's loop may still)
-    grads_final: bool = False
 
     @property
     def phase(self) -> Phase | None:

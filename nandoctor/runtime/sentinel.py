@@ -9,13 +9,16 @@ never waits for the GPU to drain; the verdict of step N arrives after step N+1 w
 NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain loop on a
 6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on the
 device. The loss's finiteness is read from the loss itself. On the CPU (read at once, not
-deferred) the gradients get one fused float32 norm, and their flag is the norm's
-finiteness: a NaN or inf element makes the norm NaN or inf, and a finite norm proves every
-element finite. Only an infinite norm is ambiguous (finite values of ~1e19 and up
-overflow its squares): that step, and only it, gets the exact check, at its end, while
-the gradients are still the step's. On CUDA, and in a data-parallel job (where each
-rank's flag must be exact before the rows are gathered), one fused float64 pass gives
-both, exactly (its squares hold up to 1e154).
+deferred) each gradient's sum of squares is taken as the backward ends, while its writes
+are still in the caches (`tensors.square_sums`: BLAS's dot for float32), and the
+gradients' flag is their total's finiteness: a NaN or inf element makes it NaN or inf,
+and a finite total proves every element finite. Only an infinite total is ambiguous
+(finite values of ~1e19 and up overflow float32 squares): that step, and only it, gets
+the exact check, at its end, while the gradients are still the step's. The batch is
+judged only in a step that failed (a non-finite batch fails no step by itself; its flag
+names the failed step's phase). On CUDA, and in a data-parallel job (where each rank's
+flag must be exact before the rows are gathered), one fused float64 pass gives both,
+exactly (its squares hold up to 1e154), and the batch is flagged on the device each step.
 
 The same sentinel watches nandoctor's own step (`runtime.step.run_step`: diagnose,
 compare, the what-if replays) and a user's loop followed through hooks
@@ -56,12 +59,11 @@ from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects, device_of
 from nandoctor.runtime.tensors import (
-    extremes,
     floating,
     gradient_check,
     nonfinite,
+    square_sums,
     stacked,
-    tensor_norms,
     without_loss,
 )
 
@@ -101,6 +103,7 @@ _SLOTS = (  # NB: `_one_rank` unpacks a row in this order
 _ORIGIN_SLOTS = ("params_before", "loss_bad", "local_grads")
 _INPUT, _GRADS, _LOCAL_GRADS = (_SLOTS.index(k) for k in ("input", "grads", "local_grads"))
 _GRAD_NORM, _SCALE, _LOSS = (_SLOTS.index(k) for k in ("grad_norm", "scale", "loss"))
+_PARAMS_BEFORE, _PARAMS = (_SLOTS.index(k) for k in ("params_before", "params"))
 
 
 @dataclass(frozen=True)
@@ -182,11 +185,11 @@ class Sentinel(Probe):
         self._flags: dict[str, torch.Tensor] = {}
         self._pending: list[tuple[int, torch.Tensor | list[float], torch.cuda.Event | None, bool]]
         self._pending = []
-        # NB: on the CPU, the step's gradients and their norms (their flag is the norms')
+        # NB: on the CPU, the step's gradients and their sums of squares (their flag)
         self._grads: list[torch.Tensor] | None = None
-        self._norms: list[torch.Tensor] | None = []  # None: measured when the step ends
+        self._squares: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []  # NB: on the CPU, the step's, judged likewise
-        self._extremes: list[torch.Tensor] = []  # NB: on the CPU, the batch's, judged likewise
+        self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
         self._scaled = False  # those norms are of gradients that still carry the loss scale
         self._zeros: dict[torch.device, torch.Tensor] = {}
         self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
@@ -196,8 +199,8 @@ class Sentinel(Probe):
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
-        self._flags, self._grads, self._norms = {}, None, []
-        self._extremes, self._losses = [], []
+        self._flags, self._grads, self._squares = {}, None, []
+        self._batches, self._losses = [], []
         if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
             params = self.objects.params  # NB: a hooked run may not know them before a step
             if params:
@@ -207,8 +210,8 @@ class Sentinel(Probe):
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.INPUT:
             device = self._device()
-            if self._reads_at_once(device):  # judged on the host when the step ends
-                self._extremes += extremes(floating(ctx.batch))
+            if self._reads_at_once(device):  # judged when the step ends, if it failed
+                self._batches.append(ctx.batch)
             else:
                 self._any("input", nonfinite(floating(ctx.batch), device))
         elif phase is Phase.FORWARD and self.thorough:
@@ -238,12 +241,12 @@ class Sentinel(Probe):
         carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is
         if self._reads_at_once(device):  # judged on the host when the step ends
             self._grads, self._scaled = grads, carried is not None
-            if clip_norm is not None:
-                self._norms = [clip_norm.detach()]
-            elif ctx.grads_final:  # NB: measured when the step ends: the same gradients,
-                self._norms = None  # then warm from the update that read them
+            # NB: measured now, while the backward's writes are still in the caches (after
+            # the update they compete with the weights and the optimizer's state)
+            if clip_norm is not None:  # NB: float64: its square root is clip's norm again
+                self._squares = [clip_norm.detach().double().square()]
             else:
-                self._norms = tensor_norms(grads)
+                self._squares = square_sums(grads)
         else:
             norm, bad = gradient_check(grads, device, clip_norm)
             self._flags["grad_norm"] = norm / carried if carried is not None else norm
@@ -264,8 +267,8 @@ class Sentinel(Probe):
         has_scale = "scale" in self._flags
         if self._reads_at_once(device):
             self._pending.append((ctx.step, self._read_now(), None, has_scale))
-            self._flags, self._grads, self._norms = {}, None, []
-            self._extremes, self._losses = [], []
+            self._flags, self._grads, self._squares = {}, None, []
+            self._batches, self._losses = [], []
             return
         packed = torch.stack([self._slot(k, device) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
@@ -281,12 +284,18 @@ class Sentinel(Probe):
         self._flags = {}
 
     def _read_now(self) -> list[float]:
-        """The CPU's reading, read as the step ends: the flags and values the step set,
-        the batch's extremes and the gradients' norms (one per tensor, or clipping's
-        total), which become the input's flag, the gradients' norm and their flag here."""
+        """The CPU's reading, read as the step ends: the flags and values the step set and
+        the gradients' sums of squares (one per tensor, or clipping's total), which become
+        the gradients' norm and their flag here.
+
+        NB: the batch is judged only when the step failed. A non-finite batch fails no
+        step by itself (`Judge`): its flag only names the phase of a step whose loss,
+        gradients or weights went non-finite, so a healthy step never pays for it. It is
+        judged as it is when the step ends: a loss that writes into its batch in place is
+        judged after its writes (the replay, which checks the batch as it arrives, names
+        the exact origin either way)."""
         keys = list(self._flags)
-        norms = self._norms if self._norms is not None else tensor_norms(self._grads or [])
-        values = [*self._flags.values(), *self._losses, *self._extremes, *norms]
+        values = [*self._flags.values(), *self._losses, *self._squares]
         with torch.no_grad():  # NB: the losses still hold their graphs
             read = stacked(values).tolist() if values else []  # NB: the one host read per step
         row = [0.0] * len(_SLOTS)
@@ -298,13 +307,13 @@ class Sentinel(Probe):
         row[_LOSS] = next(
             (x for x in losses if not math.isfinite(x)), losses[-1] if losses else 0.0
         )
-        batch = read[: len(self._extremes)]
-        row[_INPUT] = float(row[_INPUT] or not all(map(math.isfinite, batch)))
         if self._grads is not None:
-            norms = read[len(self._extremes) :]
-            norm = math.sqrt(math.fsum(n * n for n in norms))  # NaN or inf if one is
+            norm = _root_sum(read)  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
             row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
+        if self._batches and _failed(row):
+            batch = [t for b in self._batches for t in floating(b)]
+            row[_INPUT] = float(bool(nonfinite(batch, torch.device("cpu"))))
         return row
 
     def _slot(self, key: str, device: torch.device) -> torch.Tensor:
@@ -361,6 +370,20 @@ class Sentinel(Probe):
         if scaler is not self._judged_scaler and self._judge.streak == 0:
             self._judge, self._judged_scaler = Judge.for_scaler(scaler, self.recheck), scaler
         return self._judge
+
+
+def _failed(row: list[float]) -> bool:
+    """The row's step failed, by `Judge`'s rule (weights before it, its loss, gradients or
+    weights non-finite)."""
+    return bool(row[_PARAMS_BEFORE] or row[_GRADS] or row[_PARAMS]) or not math.isfinite(row[_LOSS])
+
+
+def _root_sum(squares: list[float]) -> float:
+    """The norm from per-tensor sums of squares: NaN or inf if one is."""
+    try:
+        return math.sqrt(math.fsum(squares))
+    except OverflowError:  # NB: finite float64 squares whose sum exceeds float64
+        return math.inf
 
 
 def _bad(value: torch.Tensor) -> torch.Tensor:

@@ -79,7 +79,6 @@ def _backward(session: Session, ctx: StepContext, *, last: bool) -> None:
     max_norm = session.config.clip_grad_norm
     if max_norm is not None:
         ctx.grad_norm = torch.nn.utils.clip_grad_norm_(session.params, max_norm)
-    ctx.grads_final = True
 
 
 def _optimizer_step(session: Session, ctx: StepContext) -> None:

@@ -202,6 +202,36 @@ def tensor_norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return _grouped_norms(tensors, 2.0)
 
 
+def square_sums(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's sum of squares (0-dim, in no fixed order), accumulated in at least
+    float32: NaN or inf exactly when the tensor's norm is, and the norm once summed.
+
+    NB: the sentinel measures every gradient every step, so the common case is fast: a
+    model's large float32 (or float64) gradients on the CPU go through BLAS's dot, about
+    twice as fast as torch's norm kernel there (which accumulates float32 in float64);
+    the small ones, where a Python call per tensor would cost more than the kernel, and
+    anything else, are normed in fused kernels and squared."""
+    kinds = {(type(t), t.layout, t.device, t.dtype, t.requires_grad) for t in tensors}
+    if len(kinds) == 1:
+        kind, layout, device, dtype, needs_grad = next(iter(kinds))
+        plain = kind is torch.Tensor and layout == torch.strided and not needs_grad
+        if plain and device.type == "cpu" and dtype in (torch.float32, torch.float64):
+            large = [t.reshape(-1) for t in tensors if t.numel() >= _DOT_MIN_NUMEL]
+            if large:
+                small = [t for t in tensors if t.numel() < _DOT_MIN_NUMEL]
+                return [torch.dot(v, v) for v in large] + _squared_norms(small)
+    return _squared_norms(tensors)
+
+
+# NB: below this many elements a tensor's Python call costs more than the dot saves
+_DOT_MIN_NUMEL = 2**15
+
+
+def _squared_norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    norms = _grouped_norms(tensors, 2.0) if tensors else []
+    return list(torch._foreach_mul(norms, norms)) if norms else []
+
+
 def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """The global L2 norm of `tensors`, accumulated in float32, for telemetry.
 
