@@ -255,9 +255,10 @@ def _step_table(results: dict) -> list[str]:
         out.append(f"| {s['workload']} | " + " | ".join(cells) + " |")
     out += [
         "",
-        "`loop` is nandoctor's step with no probe; `plain+norm` is the plain loop plus each",
-        "gradient's norm (one fused kernel) read every step, the floor of any exact",
-        "per-step gradient check; `sentinel` adds the cheap watch (what",
+        "`loop` is nandoctor's step with no probe; `plain+norm` is the plain loop plus the",
+        "sentinel's pass over the gradients (on the CPU each one's sum of squares, as the",
+        "backward ends), read every step: the floor of any exact per-step gradient check;",
+        "`sentinel` adds the cheap watch (what",
         "`diagnose` runs until the failure); `sentinel+snapshots` adds the snapshot store.",
         "`guard` is the plain loop, unchanged, inside `with nandoctor.Guard(...)`: the hooks",
         "that follow a user's loop driving the same sentinel; `guard.step` passes each step",
@@ -429,7 +430,7 @@ def render_png(results: dict, path: Path) -> None:
                [r["high"] - m for m, r in zip(med, spread, strict=True)]]  # fmt: skip
         ax.bar(xs, med, width, yerr=err, label=s["workload"])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20)
     ax.set_ylabel("step time / plain loop")
     ax.set_yscale("log")
     ax.legend(fontsize=7)

@@ -190,7 +190,7 @@ class Sentinel(Probe):
         self._squares: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []  # NB: on the CPU, the step's, judged likewise
         self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
-        self._scaled = False  # those norms are of gradients that still carry the loss scale
+        self._scaled = False  # those sums are of gradients that still carry the loss scale
         self._zeros: dict[torch.device, torch.Tensor] = {}
         self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
         self._checked_params_once = False
@@ -311,7 +311,7 @@ class Sentinel(Probe):
             norm = _root_sum(read)  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
             row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
-        if self._batches and _failed(row):
+        if self._batches and _may_fail(row):
             batch = [t for b in self._batches for t in floating(b)]
             row[_INPUT] = float(bool(nonfinite(batch, torch.device("cpu"))))
         return row
@@ -372,9 +372,9 @@ class Sentinel(Probe):
         return self._judge
 
 
-def _failed(row: list[float]) -> bool:
-    """The row's step failed, by `Judge`'s rule (weights before it, its loss, gradients or
-    weights non-finite)."""
+def _may_fail(row: list[float]) -> bool:
+    """Something `Judge` fails a step on went non-finite in the row's step (its weights
+    before it, its loss, gradients or weights): only then can its batch name the phase."""
     return bool(row[_PARAMS_BEFORE] or row[_GRADS] or row[_PARAMS]) or not math.isfinite(row[_LOSS])
 
 
