@@ -10,7 +10,7 @@ import torch
 
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.rerun import SessionSteps
-from nandoctor.runtime.snapshot import AUTO_MIN_EVERY, SnapshotStore, state_bytes
+from nandoctor.runtime.snapshot import AUTO_MAX_EVERY, AUTO_MIN_EVERY, SnapshotStore, state_bytes
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.load import load_config
 from nandoctor.setup.session import build_session
@@ -85,6 +85,30 @@ def test_auto_policy_keeps_a_few_steps_of_reach_for_small_states(project, tmp_pa
     assert store.every == AUTO_MIN_EVERY  # a small model: the shortest period
     assert [s for s, _ in store.rewind_to(11)] == list(range(8, 12))
     assert store.rewind_to(7)[0][0] == 0  # the older snapshot reaches back
+
+
+def test_auto_policy_bounds_the_batches_it_keeps_beside_a_large_state(
+    project, tmp_path, monkeypatch
+):
+    """A large state spaces the snapshots out, but never so far that the batches kept
+    since the older one (two periods' worth) outgrow the budget: an image model's batches
+    are as large as its state, and K = 64 kept 128 of them (never below K = 8, though)."""
+    import nandoctor.runtime.snapshot as snapshot
+
+    monkeypatch.setattr(snapshot, "AUTO_BYTES_PER_STEP", 1)  # the state counts as large
+
+    def period_with(budget: int) -> int:
+        monkeypatch.setattr(snapshot, "AUTO_BATCH_BUDGET", budget)
+        session = session_of(project, tmp_path)
+        store = SnapshotStore(session)
+        run(session, store, Probe(), 2)  # the period is set once Adam has its state
+        return store.every
+
+    _, first = next(iter(session_of(project, tmp_path).batches))
+    batch = sum(t.numel() * t.element_size() for t in first)
+    assert period_with(2**30) == AUTO_MAX_EVERY  # the state's size alone decides
+    assert period_with(2 * batch * 20) == 20  # 40 batches kept at most
+    assert period_with(1) == AUTO_MIN_EVERY  # never below (the state's size is the budget)
 
 
 def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):

@@ -6,10 +6,12 @@ Python, numpy, torch and CUDA. The `SnapshotStore` keeps the two newest snapshot
 one pinned where a GradScaler streak began) and every batch since the oldest of them, so
 any step since then can be reached: restore the snapshot, re-run the steps up to it.
 
-Policy: `every: auto` snapshots every step while the state is small and every K steps
-when it is large (K grows with the bytes to copy, so the copy stays a small part of a
-step); `every: N` forces it. Buffers are allocated once and reused, so capturing costs a
-copy, not an allocation.
+Policy: `every: auto` snapshots every K steps: K grows with the bytes to copy, so the
+copy stays a small part of a step, but never so far that the batches kept since the
+older snapshot (two periods' worth) outgrow `AUTO_BATCH_BUDGET` or the state itself,
+whichever is larger (large batches beside a large state: an image model's); `every: N`
+forces it. Buffers are allocated once and reused, so capturing costs a copy, not an
+allocation.
 
 Snapshots read the training objects through `TrainingObjects`, so the same store serves
 `diagnose`'s session and a `Guard`'s hooked run.
@@ -33,7 +35,8 @@ from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, lo
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
-AUTO_MAX_EVERY = 64  # ...and at most this many
+AUTO_MAX_EVERY = 64  # ...and at most this many; fewer where the batches kept would
+AUTO_BATCH_BUDGET = 2**30  # outgrow this many bytes (or the state's size, if larger)
 
 
 @dataclass
@@ -218,9 +221,7 @@ class SnapshotStore:
     @property
     def nbytes(self) -> int:
         kept = {id(s): s for s in [*self._snapshots, self._pinned] if s is not None}
-        batch_bytes = sum(
-            t.numel() * t.element_size() for t in iter_tensors(list(self._batches.values()))
-        )
+        batch_bytes = _nbytes(list(self._batches.values()))
         return sum(s.nbytes for s in kept.values()) + batch_bytes
 
     def _every(self) -> int:
@@ -230,6 +231,9 @@ class SnapshotStore:
                 return 1
             size = state_bytes(self.objects)
             period = math.ceil(size / AUTO_BYTES_PER_STEP)
+            batch = max((_nbytes(b) for b in self._batches.values()), default=0)
+            if batch:  # NB: two periods of batches are kept
+                period = min(period, max(size, AUTO_BATCH_BUDGET) // (2 * batch))
             self.every = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
         return self.every
 
@@ -258,6 +262,10 @@ class SnapshotStore:
         oldest = min(kept, default=0)
         for s in [s for s in self._batches if s < oldest]:
             del self._batches[s]
+
+
+def _nbytes(batch: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in iter_tensors(batch))
 
 
 def state_bytes(objects: TrainingObjects) -> int:
