@@ -54,8 +54,8 @@ WHY = """\
   already queued, so the GPU never drains.
 - **The floor.** The pass over the gradients is the one cost no exact check avoids:
   `plain+norm` is the plain loop plus that pass alone, as the sentinel makes it. On a
-  CPU step of a few milliseconds over a model of a million parameters (mlp-fp32) it
-  is about 3% by itself: the pass reads every gradient from memory. Tried and
+  CPU step of 5-12 ms over a model of a million parameters (mlp-fp32) it
+  is 2-3% by itself: the pass reads every gradient from memory. Tried and
   measured here: a helper thread beside the optimizer's update (which reads the same
   gradients) saved nothing (both use the same two cores and the same memory). Where
   and how the pass runs does count: on mlp-fp32 (11 ms steps on a CPU without
