@@ -143,12 +143,9 @@ def _grouped_norms(
     NB: the common case (a model's gradients: plain tensors of one device and dtype) is
     recognised in one pass, without a Python call per tensor: the sentinel measures them
     every step, where each call meets caches the step's kernels have just emptied."""
-    kinds = {(type(t), t.layout, t.device, t.dtype, t.requires_grad) for t in tensors}
-    if len(kinds) == 1:
-        kind, layout, device, group_dtype, needs_grad = next(iter(kinds))
-        plain = kind is torch.Tensor and layout == torch.strided and not needs_grad
-        if plain and not group_dtype.is_complex and device.type in ("cpu", "cuda"):
-            return _foreach_norm(list(tensors), ord, _accumulated_in(group_dtype, dtype))
+    kind = _one_plain_kind(tensors)
+    if kind is not None and not kind[1].is_complex and kind[0].type in ("cpu", "cuda"):
+        return _foreach_norm(list(tensors), ord, _accumulated_in(kind[1], dtype))
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         t = _values(t)
@@ -161,6 +158,17 @@ def _grouped_norms(
         else:
             norms.extend(torch.linalg.vector_norm(t, ord, dtype=acc) for t in group)
     return norms
+
+
+def _one_plain_kind(tensors: Sequence[torch.Tensor]) -> tuple[torch.device, torch.dtype] | None:
+    """The one (device, dtype) of `tensors` when all are plain strided tensors outside
+    autograd (a model's gradients), found in one pass; else None."""
+    kinds = {(type(t), t.layout, t.device, t.dtype, t.requires_grad) for t in tensors}
+    if len(kinds) != 1:
+        return None
+    kind, layout, device, dtype, needs_grad = next(iter(kinds))
+    plain = kind is torch.Tensor and layout == torch.strided and not needs_grad
+    return (device, dtype) if plain else None
 
 
 def _accumulated_in(values: torch.dtype, wanted: torch.dtype) -> torch.dtype:
@@ -211,15 +219,12 @@ def square_sums(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     twice as fast as torch's norm kernel there (which accumulates float32 in float64);
     the small ones, where a Python call per tensor would cost more than the kernel, and
     anything else, are normed in fused kernels and squared."""
-    kinds = {(type(t), t.layout, t.device, t.dtype, t.requires_grad) for t in tensors}
-    if len(kinds) == 1:
-        kind, layout, device, dtype, needs_grad = next(iter(kinds))
-        plain = kind is torch.Tensor and layout == torch.strided and not needs_grad
-        if plain and device.type == "cpu" and dtype in (torch.float32, torch.float64):
-            large = [t.reshape(-1) for t in tensors if t.numel() >= _DOT_MIN_NUMEL]
-            if large:
-                small = [t for t in tensors if t.numel() < _DOT_MIN_NUMEL]
-                return [torch.dot(v, v) for v in large] + _squared_norms(small)
+    kind = _one_plain_kind(tensors)
+    if kind is not None and kind[0].type == "cpu" and kind[1] in (torch.float32, torch.float64):
+        large = [t.reshape(-1) for t in tensors if t.numel() >= _DOT_MIN_NUMEL]
+        if large:
+            small = [t for t in tensors if t.numel() < _DOT_MIN_NUMEL]
+            return [torch.dot(v, v) for v in large] + _squared_norms(small)
     return _squared_norms(tensors)
 
 
@@ -228,7 +233,7 @@ _DOT_MIN_NUMEL = 2**15
 
 
 def _squared_norms(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    norms = _grouped_norms(tensors, 2.0) if tensors else []
+    norms = _grouped_norms(tensors, 2.0)
     return list(torch._foreach_mul(norms, norms)) if norms else []
 
 
