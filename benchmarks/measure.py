@@ -342,6 +342,7 @@ class StartUp:
     """Seconds from launch to exit of a fresh process, each the median of its launches."""
 
     workload: str
+    typer: str  # its version: 0.29 coerces every argument through pydantic (pyproject)
     help: Spread  # nandoctor --help
     lint: Spread  # nandoctor lint LINTED
     plain: Spread  # the plain loop's set-up and first step (PLAIN_SET_UP)
@@ -352,7 +353,10 @@ def start_up(workload: Workload, size: str, repeats: int) -> StartUp:
     """The commands launched in turn, `repeats` rounds: `--help` and `lint` (a pre-commit
     hook) must not wait for torch; `diagnose --steps 1` next to the plain loop's set-up on
     the same model is what nandoctor adds before a first step (the config's validation,
-    the CLI, the engines)."""
+    the CLI, the engines). nandoctor's bytecode is compiled first, as an install leaves it
+    (a checkout under PYTHONDONTWRITEBYTECODE would compile every module at every launch)."""
+    import compileall
+    import importlib.metadata
     import subprocess
     import sys
     import tempfile
@@ -361,6 +365,7 @@ def start_up(workload: Workload, size: str, repeats: int) -> StartUp:
     import yaml
 
     root = Path(__file__).resolve().parent.parent
+    compileall.compile_dir(root / "nandoctor", quiet=1)
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / f"{workload.name}.yaml"
         spec = workload.config(size, 1).config.model_dump(mode="json", exclude_unset=True)
@@ -384,7 +389,8 @@ def start_up(workload: Workload, size: str, repeats: int) -> StartUp:
                 times[name].append(time.perf_counter() - start)
                 if done.returncode not in codes:
                     raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}\n{done.stderr}")
-    return StartUp(workload.name, **{name: Spread.of(t) for name, t in times.items()})
+    spreads = {name: Spread.of(t) for name, t in times.items()}
+    return StartUp(workload.name, importlib.metadata.version("typer"), **spreads)
 
 
 def peak_memory(workload: Workload, size: str, device: str, steps: int = 40) -> dict[str, float]:

@@ -68,6 +68,13 @@ def test_lint_reads_the_cause_texts_without_the_report_model():
     assert not {"nandoctor.report.types", "nandoctor.report.health"} & loaded
 
 
+@pytest.mark.parametrize("args", [["--help"], ["lint", "nandoctor/examples/seed.py"]], ids=" ".join)
+def test_help_and_lint_never_import_pydantic(args):
+    # typer 0.29 coerces every argument through a pydantic TypeAdapter: importing pydantic
+    # and building the adapters nearly doubled lint's start-up (pyproject keeps typer < 0.29)
+    assert "pydantic" not in loaded_modules(*args)
+
+
 def test_the_cli_never_needs_the_click_package():
     """typer vends its own click: a plain install may have no `click` package at all."""
     code = "import sys; from nandoctor.cli import app; print('click' in sys.modules)"
