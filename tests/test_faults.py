@@ -383,7 +383,9 @@ def test_hostile_yaml_is_refused_quickly(folder, name, text, message):
 @pytest.mark.parametrize(("option", "value"), [("--steps", str(2**63)), ("--seed", str(2**40))])
 def test_numbers_past_what_the_platform_holds_are_usage_errors(folder, option, value):
     result = diagnose(str(configured(folder)), option, value)
-    assert result.exit_code == 2 and "less than or equal to" in result.output
+    # typer's own usage error, naming the option (its wording is typer's)
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+    no_traceback_of_ours(result)
 
 
 @pytest.mark.parametrize("where", ["capture", "restore"])
