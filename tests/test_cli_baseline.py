@@ -56,6 +56,7 @@ def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
     text = out.read_text()
     data = json.loads(text)
     assert data["format"] == "nandoctor-baseline" and data["schema_version"] == 1
+    assert data["dtype"] == "float32" and data["autocast_policy"] == "cuda"  # the default
     assert list(data) == sorted(data)  # diff-friendly
     baseline = read_baseline(str(out))
     assert baseline.health.steps == 12 and {m.module for m in baseline.health.modules} >= {
@@ -125,6 +126,16 @@ def test_a_missing_or_foreign_baseline_is_a_usage_error(project, tmp_path):
     (tmp_path / "other.json").write_text('{"hello": 1}')
     result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(tmp_path / "other.json")])
     assert result.exit_code == 2 and "not a nandoctor baseline" in result.output
+
+
+def test_a_baseline_of_another_dtype_is_refused_before_the_run(project, tmp_path):
+    path, out, report = config(project, tmp_path), tmp_path / "b.json", tmp_path / "r.json"
+    runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    args = ["diagnose", str(path), "--dtype", "bf16", "--baseline", str(out), "--json"]
+    result = runner.invoke(app, [*args, str(report), "-q"])
+    assert result.exit_code == 2, result.output
+    assert f"--baseline {out}: recorded in float32, this run trains in bfloat16" in result.output
+    assert "Traceback" not in result.output and not report.exists()
 
 
 def test_time_budget_stops_the_run_and_judges_what_ran(project):

@@ -32,7 +32,7 @@ from nandoctor.diagnose.summary import (
     run_notes,
 )
 from nandoctor.errors import UsageError, forget_torch_globals
-from nandoctor.gate.baseline import Baseline
+from nandoctor.gate.baseline import Baseline, require_comparable
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.report.gate import Gate
@@ -75,6 +75,13 @@ def diagnose(
     session = build_session(loaded)
     if session.ranks is not None and options.time_budget:
         raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
+    environment = environment_of(
+        session,
+        autocast_policy=session.autocast_policy,
+        data_sharding=session.ranks.data_sharding if session.ranks is not None else None,
+    )
+    if options.baseline is not None:  # NB: before a step runs: nothing half-written
+        require_comparable(options.baseline, options.baseline_path or "", environment)
     if on_session is not None:
         on_session(session)
     store = SnapshotStore(session, every=loaded.config.snapshot.steps)
@@ -93,11 +100,7 @@ def diagnose(
     findings = Findings(
         "diagnose",
         str(loaded.path),
-        environment_of(
-            session,
-            autocast_policy=session.autocast_policy,
-            data_sharding=session.ranks.data_sharding if session.ranks is not None else None,
-        ),
+        environment,
         result,
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),

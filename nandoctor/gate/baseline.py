@@ -2,7 +2,10 @@
 baseline diffs well in code review.
 
     {"format": "nandoctor-baseline", "schema_version": 1, "config": "...", "dtype": "float16",
-     "health": {"final_loss": 0.41, "grad_norm": {"p50": ...}, "modules": [...]}, ...}
+     "autocast_policy": "cuda", "health": {"final_loss": 0.41, "grad_norm": {"p50": ...},
+     "modules": [...]}, ...}
+
+A baseline gates only runs of its own numerics (`require_comparable`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from nandoctor.errors import UsageError
 from nandoctor.report.health import Health
-from nandoctor.report.types import Report, jsonable
+from nandoctor.report.types import Environment, Report, jsonable
 
 FORMAT = "nandoctor-baseline"
 BASELINE_VERSION = 1
@@ -32,6 +35,7 @@ class Baseline:
     seed: int
     steps: int
     health: Health
+    autocast_policy: str | None = None  # None: recorded before baselines kept it
     format: str = FORMAT
     schema_version: int = BASELINE_VERSION
 
@@ -48,8 +52,52 @@ def baseline_of(report: Report, seed: int, steps: int) -> Baseline:
     assert report.health is not None
     env = report.environment
     return Baseline(
-        report.config, report.name, env.dtype, env.device, env.torch, seed, steps, report.health
+        report.config,
+        report.name,
+        env.dtype,
+        env.device,
+        env.torch,
+        seed,
+        steps,
+        report.health,
+        env.autocast_policy,
     )
+
+
+def require_comparable(baseline: Baseline, path: str, run: Environment) -> None:
+    """Refuse, before the run, a baseline recorded under other numerics: the gate measures
+    headroom, the distance to the dtype's largest value (float16's 65504 is not
+    bfloat16's 3.4e38), and the half-precision ops of CUDA's autocast lists are not the
+    CPU's own (softmax, log, norms stay in float16 there). Peaks from another dtype or
+    other lists would pass or fail the run for a difference no change of the user made."""
+    dtype = run.dtype
+    if baseline.dtype != dtype:
+        raise UsageError(
+            f"--baseline {path}: recorded in {baseline.dtype}, this run trains in {dtype}; "
+            f"record the baseline in {dtype} (nandoctor baseline CONFIG --dtype {dtype})"
+        )
+    recorded = _cast_lists(baseline.device, dtype, baseline.autocast_policy)
+    running = _cast_lists(run.device, dtype, run.autocast_policy)
+    if recorded is not None and running is not None and recorded != running:
+        raise UsageError(
+            f"--baseline {path}: recorded with {_LISTS[recorded]}, this run autocasts with "
+            f"{_LISTS[running]}: their {dtype} ops differ; record the baseline as this run "
+            "runs (same device and --autocast-policy)"
+        )
+
+
+_LISTS = {"cuda": "CUDA's autocast lists", "cpu": "the CPU's own autocast lists"}
+
+
+def _cast_lists(device: str, dtype: str, policy: str | None) -> str | None:
+    """Whose autocast lists a run's half-precision ops follow: `cuda` (a CUDA device, or
+    the CPU emulating CUDA's), `cpu` (the CPU's own); None where nothing is autocast
+    (float32) or a baseline did not record its policy."""
+    if dtype == "float32":
+        return None
+    if device.startswith("cuda") or policy == "cuda":
+        return "cuda"
+    return "cpu" if policy == "native" else None
 
 
 def read_baseline(path: str) -> Baseline:

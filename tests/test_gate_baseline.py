@@ -1,0 +1,59 @@
+"""A baseline gates only a run of its own numerics: the same dtype, and half-precision ops
+cast by the same autocast lists. Another is refused before the run, in one line that says
+what differs, instead of a gate passed or failed for a difference no change made."""
+
+from __future__ import annotations
+
+import pytest
+
+from nandoctor.errors import UsageError
+from nandoctor.gate.baseline import Baseline, require_comparable
+from nandoctor.report.health import GradNorms, Health
+from nandoctor.report.types import Environment
+
+HEALTH = Health(10, 0.5, GradNorms(0.5, 1.0, 2.0, 3.0), 0, 0, 0.1, "", [])
+
+
+def recorded(dtype="float16", device="cpu", policy: str | None = "cuda") -> Baseline:
+    return Baseline("c.yaml", None, dtype, device, "2.x", 0, 10, HEALTH, policy)
+
+
+def run(dtype="float16", device="cpu", policy="cuda") -> Environment:
+    return Environment(device, "2.x", dtype, True, 2, autocast_policy=policy)
+
+
+def refusal(baseline: Baseline, environment: Environment) -> str:
+    with pytest.raises(UsageError) as caught:
+        require_comparable(baseline, "b.json", environment)
+    return caught.value.message
+
+
+def test_a_run_of_the_baselines_own_numerics_is_gated():
+    require_comparable(recorded(), "b.json", run())
+    require_comparable(recorded(policy="native"), "b.json", run(policy="native"))
+
+
+def test_a_run_in_another_dtype_is_refused_naming_both():
+    message = refusal(recorded("float16"), run("bfloat16"))
+    assert message.startswith("--baseline b.json: recorded in float16, this run trains in bfloat16")
+    assert "--dtype bfloat16" in message
+
+
+def test_a_cpu_run_under_other_autocast_lists_is_refused():
+    # CPU autocast keeps softmax, log and norms in float16; CUDA's lists run them in float32
+    message = refusal(recorded(policy="native"), run(policy="cuda"))
+    assert "the CPU's own autocast lists" in message and "CUDA's autocast lists" in message
+
+
+def test_on_a_cuda_device_the_policy_is_cudas_lists_whatever_it_says():
+    require_comparable(recorded(device="cuda:0", policy="native"), "b.json", run(policy="cuda"))
+    assert "CUDA's" in refusal(recorded(device="cuda:0"), run(policy="native"))
+
+
+def test_float32_autocasts_nothing_so_the_policy_does_not_matter():
+    require_comparable(recorded("float32", policy="native"), "b.json", run("float32"))
+
+
+def test_a_baseline_recorded_before_it_kept_its_policy_is_checked_on_its_dtype():
+    require_comparable(recorded(policy=None), "b.json", run(policy="native"))
+    assert "recorded in float32" in refusal(recorded("float32", policy=None), run())
