@@ -75,12 +75,8 @@ def diagnose(
     session = build_session(loaded)
     if session.ranks is not None and options.time_budget:
         raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
-    environment = environment_of(
-        session,
-        autocast_policy=session.autocast_policy,
-        data_sharding=session.ranks.data_sharding if session.ranks is not None else None,
-    )
     if options.baseline is not None:  # NB: before a step runs: nothing half-written
+        environment = environment_of(session, autocast_policy=session.autocast_policy)
         require_comparable(options.baseline, options.baseline_path or "", environment)
     if on_session is not None:
         on_session(session)
@@ -100,7 +96,11 @@ def diagnose(
     findings = Findings(
         "diagnose",
         str(loaded.path),
-        environment,
+        environment_of(  # NB: after the run: a distributed run's data sharding is known then
+            session,
+            autocast_policy=session.autocast_policy,
+            data_sharding=session.ranks.data_sharding if session.ranks is not None else None,
+        ),
         result,
         name=loaded.config.name,
         notes=run_notes(session, result, loaded.config.steps),
