@@ -82,6 +82,7 @@ def test_json_has_the_spec_shape_and_round_trips(project):
     comparison = compare(load_config(project(base_config(steps=5))), ["bf16"])
     data = json.loads(comparison.to_json())
     assert data["schema_version"] == 1 and data["command"] == "compare"
+    assert data["environment"]["autocast_policy"] == "cuda"  # the lists its runs followed
     spec_keys = {
         "dtype",
         "status",

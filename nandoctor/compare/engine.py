@@ -52,11 +52,12 @@ def compare(
     reference = REFERENCE if any(r.dtype == REFERENCE for r in runs) else None
     if reference is not None:
         _fill_drift(runs, next(r for r in runs if r.dtype == reference))
-    native = loaded.config.precision.autocast_policy == "native"
-    notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" and native else []
+    policy = loaded.config.precision.autocast_policy
+    notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" and policy == "native" else []
+    threads = torch.get_num_threads()
     return Comparison(
         config=str(loaded.path),
-        environment=CompareEnvironment(str(device), torch.__version__, torch.get_num_threads()),
+        environment=CompareEnvironment(str(device), torch.__version__, threads, policy),
         runs=runs,
         verdict=compare_verdict(runs, loaded.config.precision.dtype, loaded.config.steps),
         reference=reference,

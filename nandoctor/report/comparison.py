@@ -42,6 +42,10 @@ class CompareEnvironment:
     device: str
     torch: str
     threads: int
+    # NB: whose autocast lists the half-precision runs followed (`cuda`: CUDA's, emulated
+    # on the CPU; `native`: the device's own), as the diagnose report says it; None in a
+    # comparison written before it was recorded
+    autocast_policy: str | None = None
 
 
 @dataclass
