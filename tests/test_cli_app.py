@@ -14,7 +14,7 @@ import sys
 import pytest
 import typer
 
-from nandoctor.cli.app import end_before_teardown, handles_errors
+from nandoctor.cli.app import cli_console, end_before_teardown, handles_errors
 from nandoctor.errors import peer_failed
 from tests.conftest import REPO
 
@@ -73,6 +73,14 @@ def test_help_and_lint_never_import_pydantic(args):
     # typer 0.29 coerces every argument through a pydantic TypeAdapter: importing pydantic
     # and building the adapters nearly doubled lint's start-up (pyproject keeps typer < 0.29)
     assert "pydantic" not in loaded_modules(*args)
+
+
+def test_the_cli_prints_names_as_written_not_as_emoji_codes():
+    # a batch's tensor `input:mask` printed as "input😷" (rich's emoji codes are on by default)
+    console = cli_console(stderr=False)
+    with console.capture() as printed:
+        console.print("input:mask held 142 -inf values; see :smile:")
+    assert printed.get() == "input:mask held 142 -inf values; see :smile:\n"
 
 
 def test_the_cli_never_needs_the_click_package():

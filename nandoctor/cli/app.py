@@ -59,8 +59,15 @@ CLICK_ENDINGS: tuple[type[BaseException], ...] = (
 )
 
 
+def cli_console(*, stderr: bool, soft_wrap: bool = False) -> Console:
+    """Every console of the CLI. It prints what it is given: no emoji codes (a batch's
+    `input:mask` is a tensor's name, not an emoji) and no highlighting of numbers and
+    paths (the renderers choose every style)."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap, emoji=False)
+
+
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    return cli_console(stderr=True, soft_wrap=True)
 
 
 def handles_errors(command: F) -> F:

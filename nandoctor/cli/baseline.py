@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from nandoctor.cli import options
-from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.diagnose import launch_ranks, run_with_progress
 from nandoctor.cli.outcome import Outcome, of_baseline
 from nandoctor.cli.output import write_text
@@ -51,7 +50,7 @@ def baseline(
     settings = engine.DiagnoseOptions(
         verify=False, measure_health=True, gate=False, time_budget=time_budget
     )
-    console = Console(stderr=out == "-", highlight=False)
+    console = cli_console(stderr=out == "-")
     report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
     if distributed.current_rank() != 0:  # rank 0 writes the baseline
         return Outcome()

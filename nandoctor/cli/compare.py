@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from nandoctor.cli import options
-from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.diagnose import launch_ranks
 from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
@@ -68,7 +67,7 @@ def compare(
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
         return launch_ranks(nproc)
     quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
-    console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
+    console = cli_console(stderr=options.report_console_to_stderr(*outputs.values()))
 
     progress: list[StepProgress] = []
 

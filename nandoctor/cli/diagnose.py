@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from nandoctor.cli import options
-from nandoctor.cli.app import app, handles_errors, stderr_console
+from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
@@ -114,7 +114,7 @@ def diagnose(
         tolerances=tolerances,
         time_budget=time_budget,
     )
-    console = Console(stderr=options.report_console_to_stderr(*outputs.values()), highlight=False)
+    console = cli_console(stderr=options.report_console_to_stderr(*outputs.values()))
     try:
         report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
     except KeyboardInterrupt:  # still building the run: the report says nothing ran

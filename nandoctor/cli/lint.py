@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from nandoctor.cli import options
-from nandoctor.cli.app import app, handles_errors
+from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.outcome import Outcome
 from nandoctor.cli.output import write_text
 from nandoctor.lint import LintResult, Severity, lint_paths, load_config
@@ -41,7 +40,7 @@ def lint(
     config = load_config(paths, select=select, ignore=ignore, fail_on=fail_on)
     result = lint_paths(paths, config)
     stderr = options.report_console_to_stderr(*outputs.values())
-    terminal.render(Console(stderr=stderr, highlight=False, soft_wrap=True), result, quiet=quiet)
+    terminal.render(cli_console(stderr=stderr, soft_wrap=True), result, quiet=quiet)
     write_reports(result, outputs)
     return Outcome(found=result.fails(config.fail_on))
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from nandoctor.cli import options
-from nandoctor.cli.app import app, handles_errors, stderr_console
+from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
 from nandoctor.cli.outcome import Outcome, of_watch
 from nandoctor.cli.output import check_not_input
@@ -62,7 +61,7 @@ def watch(
     if tensorboard_dir:
         tensorboard.require_tensorboard()
     # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
-    console = Console(stderr=True, highlight=False)
+    console = cli_console(stderr=True)
 
     def on_replay(step: int) -> None:
         if not quiet:
