@@ -118,6 +118,77 @@ def test_a_failure_beside_masked_labels_is_found_at_its_own_step_and_op(project,
     assert [(t.phase, t.op) for t in report.transients] == [("input", None)]  # the labels' NaN
 
 
+PADDED = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, tokens, mask):
+        x = self.embed(tokens)
+        return self.head(self.attn(x, x, x, key_padding_mask=mask)[0]).mean(1)
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Tagger()
+
+
+def posts(batches=6, empty_at=None, corrupt_at=None):
+    # the collate function's additive mask: 0 for a token, -inf for padding
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(batches):
+        tokens = torch.randint(1, 50, (8, 10), generator=g)
+        lengths = torch.randint(3, 11, (8,), generator=g)
+        lengths[2] = 0 if i == empty_at else lengths[2]  # a post emptied by the cleaning
+        mask = torch.zeros(8, 10).masked_fill(torch.arange(10) >= lengths[:, None], -torch.inf)
+        if i == corrupt_at:
+            mask[4, 0] = float("nan")  # not a mask's value: the data is broken
+        out.append({"tokens": tokens, "mask": mask, "y": torch.randint(0, 3, (8,), generator=g)})
+    return out
+
+
+def loss(model, batch):
+    return F.cross_entropy(model(batch["tokens"], batch["mask"]), batch["y"])
+"""
+
+
+def padded_run(project, tmp_path, **data_args):
+    (tmp_path / "padded.py").write_text(PADDED)
+    config = {"model": "padded.py:build_model", "data": "padded.py:posts", "loss": "padded.py:loss"}
+    return run(project, **config, data_args=data_args, optimizer={"name": "AdamW", "lr": 1e-3})
+
+
+def test_an_additive_padding_mask_in_the_batch_is_a_healthy_run(project, tmp_path):
+    # its -inf are summed out by the softmax: the batch is non-finite every step, by design
+    assert padded_run(project, tmp_path).status == "healthy"
+
+
+def test_a_row_the_batchs_mask_pads_entirely_is_the_softmaxs_nan_not_bad_data(project, tmp_path):
+    first = (report := padded_run(project, tmp_path, empty_at=3)).first_nonfinite
+    assert (first.step, first.phase, first.module, first.op) == (
+        3,
+        "forward",
+        "attn",
+        "aten._softmax.default",
+    )
+    assert report.causes[0].id == "fully-masked-softmax"
+
+
+def test_a_mask_that_holds_a_nan_is_still_bad_data(project, tmp_path):
+    first = (report := padded_run(project, tmp_path, corrupt_at=3)).first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (3, "input", "input:mask")
+    assert report.causes[0].id == "nonfinite-input"
+
+
 def test_an_inf_in_a_later_epoch_batch_is_caught_at_its_step(project):
     report = run(project, data_args={"batches": 4, "inf_at": 3}, steps=10)
     assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (3, "input")

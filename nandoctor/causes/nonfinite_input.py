@@ -21,7 +21,9 @@ INFO = entry(
     of 0 in feature engineering, missing values read as NaN from CSV or Parquet, a corrupt
     image. The model did nothing wrong; the fix belongs in the data. (Labels missing on
     purpose, stored as NaN and masked in the loss, are not this: their values never reach
-    the loss, so the run is healthy.)
+    the loss, so the run is healthy. Nor is an additive attention mask of 0 and -inf
+    carried in the batch: its -inf are deliberate, and a row it masks entirely is
+    fully-masked-softmax.)
     """,
     fix="""
     Find and repair the bad samples (check `torch.isfinite(x).all()` per sample in the

@@ -147,7 +147,7 @@ class Tracer(Probe):
                 if late:
                     self.origin = found
                     return
-                self.origins.mark(t, self.origins.birth(found, ctx.step, False, []))
+                self.origins.mark(t, self.origins.birth(found, ctx.step, _is_mask(t), []))
 
     def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
         """If any of these values is non-finite, the failure is reached: report the
@@ -303,6 +303,17 @@ def _owner(role: str) -> str:
 def _node_name() -> str:
     node = torch._C._current_autograd_node()
     return node.name() if node is not None else "?"
+
+
+def _is_mask(t: torch.Tensor) -> bool:
+    """An additive attention mask the batch carries: 0 where a position is kept, -inf
+    where it is masked, and nothing else. Its infs are deliberate, as a mask buffer's
+    are: a softmax sums them out, and the NaN of a row masked entirely is the softmax's
+    (a new origin: fully-masked-softmax), not bad data. NB: a NaN, a +inf or any other
+    value makes the batch's non-finite values data again (nonfinite-input)."""
+    if t.is_meta or t.is_sparse or not t.is_floating_point():
+        return False
+    return bool(((t == 0) | (t == float("-inf"))).all())
 
 
 def _has_nonfinite(t: torch.Tensor) -> bool:
