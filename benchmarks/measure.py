@@ -22,7 +22,7 @@ from nandoctor.localize.tracer import Tracer
 from nandoctor.report.types import Report
 from nandoctor.runtime.snapshot import SnapshotStore, state_bytes
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import iter_tensors
+from nandoctor.runtime.tensors import tensor_bytes
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import build_session
 
@@ -306,9 +306,7 @@ def snapshot_memory(workload: Workload, size: str, device: str, steps: int = 24)
     for step, batch in itertools.islice(session.batches, steps):
         store.before_step(step, batch)
         plain_step(session, batch)
-    batch_bytes = sum(
-        t.numel() * t.element_size() for b in store._batches.values() for t in iter_tensors(b)
-    )
+    batch_bytes = tensor_bytes(list(store._batches.values()))
     mb = 2**20
     return SnapshotMemory(
         state_bytes(session) / mb, store.nbytes / mb, batch_bytes / mb, store.every or 0

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local
+from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local, tensor_bytes
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 8  # ...at least this many, so a replay can look a few steps back...
@@ -80,8 +80,7 @@ class StateSnapshot:
 
     @property
     def nbytes(self) -> int:
-        tensors = [*self.model.values(), *iter_tensors(self.optimizer.get("state", {}))]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return tensor_bytes([self.model, self.optimizer.get("state", {})])
 
     def capture(self, objects: TrainingObjects, step: int) -> None:
         model, optimizer = model_and_optimizer(objects)
@@ -221,7 +220,7 @@ class SnapshotStore:
     @property
     def nbytes(self) -> int:
         kept = {id(s): s for s in [*self._snapshots, self._pinned] if s is not None}
-        batch_bytes = _nbytes(list(self._batches.values()))
+        batch_bytes = tensor_bytes(list(self._batches.values()))
         return sum(s.nbytes for s in kept.values()) + batch_bytes
 
     def _every(self) -> int:
@@ -231,7 +230,7 @@ class SnapshotStore:
                 return 1
             size = state_bytes(self.objects)
             period = math.ceil(size / AUTO_BYTES_PER_STEP)
-            batch = max((_nbytes(b) for b in self._batches.values()), default=0)
+            batch = max((tensor_bytes(b) for b in self._batches.values()), default=0)
             if batch:  # NB: two periods of batches are kept
                 period = min(period, max(size, AUTO_BATCH_BUDGET) // (2 * batch))
             self.every = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
@@ -262,10 +261,6 @@ class SnapshotStore:
         oldest = min(kept, default=0)
         for s in [s for s in self._batches if s < oldest]:
             del self._batches[s]
-
-
-def _nbytes(batch: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in iter_tensors(batch))
 
 
 def state_bytes(objects: TrainingObjects) -> int:

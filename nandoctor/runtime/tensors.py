@@ -29,6 +29,11 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
         yield from iter_tensors(value)
 
 
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor inside `obj` (a batch, a state dict), as `iter_tensors` finds them."""
+    return sum(t.numel() * t.element_size() for t in iter_tensors(obj))
+
+
 def named_tensors(obj: Any, path: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor with its path: `0`, `labels`, `0.input_ids`; "" for a lone tensor.
 
