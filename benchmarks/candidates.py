@@ -38,7 +38,13 @@ from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import square_sums, stacked, tensor_norms, to_device
+from nandoctor.runtime.tensors import (
+    host_square_sums,
+    square_sums,
+    stacked,
+    tensor_norms,
+    to_device,
+)
 from nandoctor.setup.session import Session
 
 
@@ -90,22 +96,23 @@ class Loop(Candidate):
 class NormFloor(Candidate):
     """The plain loop with the sentinel's pass over the gradients and nothing else (no
     probe, no phases): on the CPU each gradient's sum of squares, taken right after the
-    backward and read when the step ends; on CUDA each one's float32 norm (fused kernels;
-    the sentinel's own CUDA pass accumulates in float64), unread (the sentinel's read
-    waits a step there)."""
+    backward and read on the host (numpy's dot for float32); on CUDA each one's float32
+    norm (fused kernels; the sentinel's own CUDA pass accumulates in float64), unread
+    (the sentinel's read waits a step there)."""
 
     def step(self, step: int, batch: Any) -> None:
         values = plain_step(self.session, batch, self._measure)
-        if values is not None and values.device.type == "cpu":
+        if isinstance(values, torch.Tensor) and values.device.type == "cpu":
             values.tolist()
 
-    def _measure(self) -> torch.Tensor | None:
+    def _measure(self) -> torch.Tensor | list[float] | None:
         grads = [p.grad for p in self.session.params if p.grad is not None]
         if not grads:
             return None
         if grads[0].device.type == "cuda":
             return stacked(tensor_norms(grads))
-        return stacked(square_sums(grads))
+        host = host_square_sums(grads)
+        return host if host is not None else stacked(square_sums(grads))
 
 
 class WithSentinel(Candidate):

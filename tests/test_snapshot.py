@@ -26,6 +26,19 @@ def build_model():
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3))
 
 
+class Mixed(nn.Module):
+    # tensors of three dtypes to keep: float32 weights and BatchNorm statistics, a float64
+    # head, BatchNorm's int64 count of batches
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU())
+        self.head = nn.Linear(32, 3).double()
+
+    def forward(self, x):
+        return self.head(self.body(x).double()).float()
+
+
 def mutating_loss(model, batch):
     x, y = batch
     x.mul_(2.0)  # a user loss that scales its batch in place
@@ -42,9 +55,9 @@ class Losses(Probe):
             self.seen.setdefault(ctx.step, []).append(ctx.loss.item())
 
 
-def session_of(project, tmp_path, **overrides):
+def session_of(project, tmp_path, model="dropout.py:build_model", **overrides):
     config = base_config(
-        model="dropout.py:build_model",
+        model=model,
         optimizer={"name": "Adam", "lr": 1e-2},
         scheduler={"name": "StepLR", "step_size": 2, "gamma": 0.5},
         precision={"dtype": "fp16"},
@@ -109,6 +122,20 @@ def test_auto_policy_bounds_the_batches_it_keeps_beside_a_large_state(
     assert period_with(2**30) == AUTO_MAX_EVERY  # the state's size alone decides
     assert period_with(2 * batch * 20) == 20  # 40 batches kept at most
     assert period_with(1) == AUTO_MIN_EVERY  # never below (the state's size is the budget)
+
+
+def test_a_snapshot_keeps_tensors_of_every_dtype_and_restores_them_bit_identical(project, tmp_path):
+    session = session_of(project, tmp_path, model="dropout.py:Mixed")
+    store, probe = SnapshotStore(session, every=4), Losses()
+    run(session, store, probe, 6)
+    state = {k: v.clone() for k, v in session.model.state_dict().items()}
+    assert {v.dtype for v in state.values()} == {torch.float32, torch.float64, torch.int64}
+
+    for step, batch in store.rewind_to(5):
+        run_step(session, step, batch, probe)
+
+    assert probe.seen[5][0] == probe.seen[5][1]
+    assert all(torch.equal(state[k], v) for k, v in session.model.state_dict().items())
 
 
 def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from nandoctor.runtime.tensors import square_sums, tensor_norms, total_norm
+from nandoctor.runtime.tensors import host_square_sums, square_sums, tensor_norms, total_norm
 
 
 def expected(tensors: list[torch.Tensor]) -> list[float]:
@@ -62,7 +62,7 @@ def test_each_tensors_sum_of_squares_is_its_norm_squared_whatever_its_kind(tenso
     assert not any(s.requires_grad for s in squares)
 
 
-@pytest.mark.parametrize("numel", [2, 2**16])  # NB: small and large tensors take two paths
+@pytest.mark.parametrize("numel", [2, 2**16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_a_nan_or_inf_makes_its_sum_of_squares_non_finite(dtype, numel):
     for bad in (float("nan"), float("inf"), -float("inf")):
@@ -70,3 +70,45 @@ def test_a_nan_or_inf_makes_its_sum_of_squares_non_finite(dtype, numel):
         grad[-1] = bad
         squares = square_sums([torch.ones(3, dtype=dtype), torch.ones(numel, dtype=dtype), grad])
         assert sorted(torch.isfinite(torch.stack(squares)).tolist()) == [False, True, True]
+
+
+HOST_LISTS = {
+    "float32": [torch.randn(64, 32), torch.randn(32), torch.randn(2**16)],
+    "float64": [torch.randn(5, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)],
+    "transposed": [torch.randn(300, 200).t(), torch.randn(7)],
+    "empty": [torch.randn(0), torch.randn(3)],
+}
+
+
+@pytest.mark.parametrize("tensors", HOST_LISTS.values(), ids=HOST_LISTS.keys())
+def test_cpu_float_sums_of_squares_are_read_on_the_host_in_order(tensors):
+    sums = host_square_sums(tensors)
+    assert sums is not None and all(type(s) is float for s in sums)
+    wanted = [torch.linalg.vector_norm(t.double()).item() ** 2 for t in tensors]
+    assert sums == pytest.approx(wanted, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tensors",
+    [
+        [torch.randn(4).bfloat16()],  # numpy has no bfloat16: the fused norms measure it
+        [torch.randn(4), torch.randn(4, dtype=torch.float64)],  # one kind only
+        [torch.randn(4, requires_grad=True)],  # inside autograd: not a gradient
+        [torch.randn(4, 4).to_sparse()],
+        [torch.randn(4, dtype=torch.complex64)],
+    ],
+    ids=["bfloat16", "mixed", "requires grad", "sparse", "complex"],
+)
+def test_other_kinds_of_tensors_are_left_to_the_fused_norms(tensors):
+    assert host_square_sums(tensors) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_nan_or_inf_makes_its_host_sum_non_finite_and_huge_values_overflow_only_float32(dtype):
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        grad = torch.ones(2**16, dtype=dtype)
+        grad[-1] = bad
+        sums = host_square_sums([torch.ones(3, dtype=dtype), grad])
+        assert sums is not None and math.isfinite(sums[0]) and not math.isfinite(sums[1])
+    (huge,) = host_square_sums([torch.full((4,), 1e20, dtype=dtype)]) or [math.nan]
+    assert math.isinf(huge) == (dtype == torch.float32)  # the sentinel rechecks an inf sum

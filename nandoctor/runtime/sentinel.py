@@ -10,7 +10,8 @@ NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain lo
 6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on the
 device. The loss's finiteness is read from the loss itself. On the CPU (read at once, not
 deferred) each gradient's sum of squares is taken as the backward ends, while its writes
-are still in the caches (`tensors.square_sums`: BLAS's dot for float32), and the
+are still in the caches (`tensors.host_square_sums`: numpy's dot over float32 and
+float64 gradients, read at once; fused norms for other kinds), and the
 gradients' flag is their total's finiteness: a NaN or inf element makes it NaN or inf,
 and a finite total proves every element finite. Only an infinite total is ambiguous
 (finite values of ~1e19 and up overflow float32 squares): that step, and only it, gets
@@ -61,6 +62,7 @@ from nandoctor.runtime.state import TrainingObjects, device_of
 from nandoctor.runtime.tensors import (
     floating,
     gradient_check,
+    host_square_sums,
     nonfinite,
     square_sums,
     stacked,
@@ -188,6 +190,7 @@ class Sentinel(Probe):
         # NB: on the CPU, the step's gradients and their sums of squares (their flag)
         self._grads: list[torch.Tensor] | None = None
         self._squares: list[torch.Tensor] = []
+        self._host_squares: list[float] = []  # NB: the same, already read (`host_square_sums`)
         self._losses: list[torch.Tensor] = []  # NB: on the CPU, the step's, judged likewise
         self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
         self._scaled = False  # those sums are of gradients that still carry the loss scale
@@ -199,8 +202,7 @@ class Sentinel(Probe):
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
-        self._flags, self._grads, self._squares = {}, None, []
-        self._batches, self._losses = [], []
+        self._forget_step()
         if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
             params = self.objects.params  # NB: a hooked run may not know them before a step
             if params:
@@ -245,6 +247,8 @@ class Sentinel(Probe):
             # the update they compete with the weights and the optimizer's state)
             if clip_norm is not None:  # NB: float64: its square root is clip's norm again
                 self._squares = [clip_norm.detach().double().square()]
+            elif (host := host_square_sums(grads)) is not None:
+                self._host_squares = host
             else:
                 self._squares = square_sums(grads)
         else:
@@ -267,8 +271,7 @@ class Sentinel(Probe):
         has_scale = "scale" in self._flags
         if self._reads_at_once(device):
             self._pending.append((ctx.step, self._read_now(), None, has_scale))
-            self._flags, self._grads, self._squares = {}, None, []
-            self._batches, self._losses = [], []
+            self._forget_step()
             return
         packed = torch.stack([self._slot(k, device) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
@@ -283,6 +286,10 @@ class Sentinel(Probe):
             self._pending.append((ctx.step, packed, None, has_scale))
         self._flags = {}
 
+    def _forget_step(self) -> None:
+        self._flags, self._grads, self._squares, self._host_squares = {}, None, [], []
+        self._batches, self._losses = [], []
+
     def _read_now(self) -> list[float]:
         """The CPU's reading, read as the step ends: the flags and values the step set and
         the gradients' sums of squares (one per tensor, or clipping's total), which become
@@ -295,9 +302,7 @@ class Sentinel(Probe):
         judged after its writes (the replay, which checks the batch as it arrives, names
         the exact origin either way)."""
         keys = list(self._flags)
-        values = [*self._flags.values(), *self._losses, *self._squares]
-        with torch.no_grad():  # NB: the losses still hold their graphs
-            read = stacked(values).tolist() if values else []  # NB: the one host read per step
+        read = _host_values([*self._flags.values(), *self._losses, *self._squares])
         row = [0.0] * len(_SLOTS)
         for key, value in zip(keys, read, strict=False):
             row[_SLOTS.index(key)] = value
@@ -308,7 +313,7 @@ class Sentinel(Probe):
             (x for x in losses if not math.isfinite(x)), losses[-1] if losses else 0.0
         )
         if self._grads is not None:
-            norm = _root_sum(read)  # NaN or inf if one is
+            norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
             row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
         if self._batches and _may_fail(row):
@@ -376,6 +381,15 @@ def _may_fail(row: list[float]) -> bool:
     """Something `Judge` fails a step on went non-finite in the row's step (its weights
     before it, its loss, gradients or weights): only then can its batch name the phase."""
     return bool(row[_PARAMS_BEFORE] or row[_GRADS] or row[_PARAMS]) or not math.isfinite(row[_LOSS])
+
+
+def _host_values(values: list[torch.Tensor]) -> list[float]:
+    """One-element tensors read on the host in one go (NB: the one host read per step; a
+    lone loss, a float32 step's only one, is read as it is, without stacking)."""
+    if len(values) == 1:
+        return [values[0].item()]
+    with torch.no_grad():  # NB: the losses still hold their graphs
+        return stacked(values).tolist() if values else []
 
 
 def _root_sum(squares: list[float]) -> float:
