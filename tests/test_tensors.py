@@ -73,7 +73,7 @@ def test_a_nan_or_inf_makes_its_sum_of_squares_non_finite(dtype, numel):
 
 
 HOST_LISTS = {
-    "float32": [torch.randn(64, 32), torch.randn(32), torch.randn(2**16)],
+    "float32, small and large": [torch.randn(64, 32), torch.randn(32), torch.randn(2**16)],
     "float64": [torch.randn(5, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)],
     "transposed": [torch.randn(300, 200).t(), torch.randn(7)],
     "empty": [torch.randn(0), torch.randn(3)],
@@ -103,12 +103,15 @@ def test_other_kinds_of_tensors_are_left_to_the_fused_norms(tensors):
     assert host_square_sums(tensors) is None
 
 
+@pytest.mark.parametrize("numel", [5, 2**16])  # NB: numpy's dot, torch's dot
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_a_nan_or_inf_makes_its_host_sum_non_finite_and_huge_values_overflow_only_float32(dtype):
+def test_a_nan_or_inf_makes_its_host_sum_non_finite_and_huge_values_overflow_only_float32(
+    dtype, numel
+):
     for bad in (float("nan"), float("inf"), -float("inf")):
-        grad = torch.ones(2**16, dtype=dtype)
+        grad = torch.ones(numel, dtype=dtype)
         grad[-1] = bad
         sums = host_square_sums([torch.ones(3, dtype=dtype), grad])
         assert sums is not None and math.isfinite(sums[0]) and not math.isfinite(sums[1])
-    (huge,) = host_square_sums([torch.full((4,), 1e20, dtype=dtype)]) or [math.nan]
+    (huge,) = host_square_sums([torch.full((numel,), 1e20, dtype=dtype)]) or [math.nan]
     assert math.isinf(huge) == (dtype == torch.float32)  # the sentinel rechecks an inf sum
