@@ -10,8 +10,8 @@ NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain lo
 6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on the
 device. The loss's finiteness is read from the loss itself. On the CPU (read at once, not
 deferred) each gradient's sum of squares is taken as the backward ends, while its writes
-are still in the caches (`tensors.host_square_sums`: numpy's dot over float32 and
-float64 gradients, read at once; fused norms for other kinds), and the
+are still in the caches (`tensors.host_square_sums`: float32 and float64 gradients'
+dot products, read at once; fused norms for other kinds), and the
 gradients' flag is their total's finiteness: a NaN or inf element makes it NaN or inf,
 and a finite total proves every element finite. Only an infinite total is ambiguous
 (finite values of ~1e19 and up overflow float32 squares): that step, and only it, gets
