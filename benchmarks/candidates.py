@@ -96,9 +96,9 @@ class Loop(Candidate):
 class NormFloor(Candidate):
     """The plain loop with the sentinel's pass over the gradients and nothing else (no
     probe, no phases): on the CPU each gradient's sum of squares, taken right after the
-    backward and read on the host (numpy's dot for float32); on CUDA each one's float32
-    norm (fused kernels; the sentinel's own CUDA pass accumulates in float64), unread
-    (the sentinel's read waits a step there)."""
+    backward and read on the host (`host_square_sums`, as the sentinel does); on CUDA
+    each one's float32 norm (fused kernels; the sentinel's own CUDA pass accumulates in
+    float64), unread (the sentinel's read waits a step there)."""
 
     def step(self, step: int, batch: Any) -> None:
         values = plain_step(self.session, batch, self._measure)
