@@ -76,7 +76,7 @@ WHY = """\
   sentinel reuses the norm clipping computed.
 - **The expensive part runs once.** The tracer (a `TorchDispatchMode` checking every
   operator, module hooks, provenance, a float32 rerun) only runs on the replay of the
-  bad step. Snapshots copy the state every K steps (8 or more), into buffers allocated
+  bad step. Snapshots copy the state every K steps (16 or more), into buffers allocated
   once, in one fused copy per dtype (a separate copy per tensor cost as much in calls
   as in bytes: 2.5 against 1.9 ms a capture of mlp-fp32's 40 tensors); their cost is
   listed on its own ("sentinel+snapshots").

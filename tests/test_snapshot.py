@@ -94,10 +94,11 @@ def test_replaying_from_a_snapshot_is_bit_identical(project, tmp_path, every):
 def test_auto_policy_keeps_a_few_steps_of_reach_for_small_states(project, tmp_path):
     session = session_of(project, tmp_path)
     store = SnapshotStore(session)
-    run(session, store, Probe(), 12)
+    run(session, store, Probe(), AUTO_MIN_EVERY + 4)
     assert store.every == AUTO_MIN_EVERY  # a small model: the shortest period
-    assert [s for s, _ in store.rewind_to(11)] == list(range(8, 12))
-    assert store.rewind_to(7)[0][0] == 0  # the older snapshot reaches back
+    last = AUTO_MIN_EVERY + 3
+    assert [s for s, _ in store.rewind_to(last)] == list(range(AUTO_MIN_EVERY, last + 1))
+    assert store.rewind_to(AUTO_MIN_EVERY - 1)[0][0] == 0  # the older snapshot reaches back
 
 
 def test_auto_policy_bounds_the_batches_it_keeps_beside_a_large_state(
@@ -105,7 +106,7 @@ def test_auto_policy_bounds_the_batches_it_keeps_beside_a_large_state(
 ):
     """A large state spaces the snapshots out, but never so far that the batches kept
     since the older one (two periods' worth) outgrow the budget: an image model's batches
-    are as large as its state, and K = 64 kept 128 of them (never below K = 8, though)."""
+    are as large as its state, and K = 64 kept 128 of them (never below AUTO_MIN_EVERY, though)."""
     import nandoctor.runtime.snapshot as snapshot
 
     monkeypatch.setattr(snapshot, "AUTO_BYTES_PER_STEP", 1)  # the state counts as large

@@ -91,7 +91,7 @@ def test_cpu_float_sums_of_squares_are_read_on_the_host_in_order(tensors):
 @pytest.mark.parametrize(
     "tensors",
     [
-        [torch.randn(4).bfloat16()],  # numpy has no bfloat16: the fused norms measure it
+        [torch.randn(4).bfloat16()],  # accumulated in float32 by the fused norms
         [torch.randn(4), torch.randn(4, dtype=torch.float64)],  # one kind only
         [torch.randn(4, requires_grad=True)],  # inside autograd: not a gradient
         [torch.randn(4, 4).to_sparse()],
@@ -103,7 +103,7 @@ def test_other_kinds_of_tensors_are_left_to_the_fused_norms(tensors):
     assert host_square_sums(tensors) is None
 
 
-@pytest.mark.parametrize("numel", [5, 2**16])  # NB: numpy's dot, torch's dot
+@pytest.mark.parametrize("numel", [5, 2**16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_nan_or_inf_makes_its_host_sum_non_finite_and_huge_values_overflow_only_float32(
     dtype, numel

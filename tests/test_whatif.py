@@ -35,7 +35,7 @@ from nandoctor.report.types import Cause, Frame
 from nandoctor.runtime.fast_run import fast_run
 from nandoctor.runtime.patches import PATCHES, EpsilonPatch, OriginGuardPatch
 from nandoctor.runtime.snapshot import SnapshotStore
-from nandoctor.setup.load import load_config
+from nandoctor.setup.load import LoadedConfig, load_config
 from nandoctor.setup.session import build_session
 from tests.conftest import CONFIGS
 from tests.test_examples import report_of
@@ -61,14 +61,10 @@ def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
     )
     assert resumed, by_id["log-of-softmax"].verification
     assert 0 < int(resumed[1]) <= step and int(resumed[3]) == step + 32 - int(resumed[1]) + 1
-    # a smaller learning rate two steps before the failure is too late: refuted from the
-    # snapshot, it is replayed from step 0 (a quarter further), where it holds
+    # a smaller learning rate ten steps before the failure still holds (the newest
+    # snapshot before step 26 is step 16; see the next test for one too late)
     assert by_id["learning-rate-too-high"].verified is True
-    horizon = max(32, step // 4)
-    assert (
-        f"; applied from step 0, {step + horizon + 1}/{step + horizon + 1} steps stayed finite, "
-        f"to step {step + horizon}" in by_id["learning-rate-too-high"].verification
-    ), by_id["learning-rate-too-high"].verification
+    assert "(resumed from a snapshot)" in by_id["learning-rate-too-high"].verification
     # clipping alone does not save this run, from the snapshot nor from the start: reported
     # as failed, not dropped, and ranked below both causes whose fixes held
     clipped = by_id["exploding-gradients"]
@@ -80,6 +76,26 @@ def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
         clipped.verification,
     ), clipped.verification
     assert [c.id for c in report.causes][-1] == "exploding-gradients"
+
+
+def test_a_fix_refuted_from_its_snapshot_is_replayed_from_the_start():
+    """With a snapshot every 8 steps, the newest before the seed's failure at step 26 is
+    step 24: a smaller learning rate from there is too late. Refuted from the snapshot,
+    the fix is replayed from step 0 (a quarter further), where it holds."""
+    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
+    every_8 = loaded.config.snapshot.model_copy(update={"every": 8})
+    loaded = LoadedConfig(loaded.config.model_copy(update={"snapshot": every_8}), loaded.path)
+    report = diagnose(loaded)
+    (cause,) = [c for c in report.causes if c.id == "learning-rate-too-high"]
+    step = report.first_nonfinite.step
+    horizon = max(32, step // 4)
+    assert cause.verified is True
+    assert re.search(
+        rf"applied from step 24 \(resumed from a snapshot\), the run still went non-finite at "
+        rf"step \d+ \(phase \w+\); applied from step 0, {step + horizon + 1}/"
+        rf"{step + horizon + 1} steps stayed finite, to step {step + horizon}",
+        cause.verification,
+    ), cause.verification
 
 
 def test_a_replay_resumed_from_a_snapshot_sees_the_run_as_it_was():
