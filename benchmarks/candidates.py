@@ -1,7 +1,8 @@
 """The loops being compared, taking turns at stepping one shared run (see
 `measure.step_times`: separate copies of a run differ in speed on their own).
 
-- plain: the loop a user writes (autocast, GradScaler, unscale_, step, update);
+- plain: the loop a user writes (autocast, GradScaler, unscale_, step, update; a float32
+  loop enters no autocast at all);
 - loop: nandoctor's step with no probe (the price of the phases alone);
 - plain+norm: the plain loop plus each gradient's sum of squares (the sentinel's kernels,
   right after the backward), read each step: the least any exact per-step check of the

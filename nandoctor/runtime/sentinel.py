@@ -103,14 +103,18 @@ _SLOTS = (  # NB: `_one_rank` unpacks a row in this order
 # NB: a rank's batch or output that went non-finite made it an origin only through its own
 # loss or gradients (a masked NaN heals): the flags a rank raised before the all-reduce
 _ORIGIN_SLOTS = ("params_before", "loss_bad", "local_grads")
+_SLOT_OF = {key: i for i, key in enumerate(_SLOTS)}
 _INPUT, _GRADS, _LOCAL_GRADS = (_SLOTS.index(k) for k in ("input", "grads", "local_grads"))
 _GRAD_NORM, _SCALE, _LOSS = (_SLOTS.index(k) for k in ("grad_norm", "scale", "loss"))
 _PARAMS_BEFORE, _PARAMS = (_SLOTS.index(k) for k in ("params_before", "params"))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reading:
-    """What the sentinel saw in one step, on the host."""
+    """What the sentinel saw in one step, on the host.
+
+    NB: not frozen (treat it as if it were): one is made every step, and a frozen
+    dataclass's `__init__` (a call per field) costs five times a plain one's."""
 
     step: int
     params_before: bool
@@ -126,9 +130,10 @@ class Reading:
     inherited_ranks: tuple[int, ...] = ()  # ranks that only got it through the all-reduce
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Verdict:
-    """The judgement of one step: failed (with the step and phase), skipped, or clean."""
+    """The judgement of one step: failed (with the step and phase), skipped, or clean.
+    NB: not frozen, for the reason `Reading` gives."""
 
     reading: Reading
     failed: bool = False
@@ -301,17 +306,16 @@ class Sentinel(Probe):
         judged as it is when the step ends: a loss that writes into its batch in place is
         judged after its writes (the replay, which checks the batch as it arrives, names
         the exact origin either way)."""
-        keys = list(self._flags)
-        read = _host_values([*self._flags.values(), *self._losses, *self._squares])
+        flags, n_losses = self._flags, len(self._losses)
+        read = _host_values([*flags.values(), *self._losses, *self._squares])
         row = [0.0] * len(_SLOTS)
-        for key, value in zip(keys, read, strict=False):
-            row[_SLOTS.index(key)] = value
-        read = read[len(keys) :]
-        losses, read = read[: len(self._losses)], read[len(self._losses) :]
-        # NB: with several losses in a step (accumulation), a non-finite one is kept
-        row[_LOSS] = next(
-            (x for x in losses if not math.isfinite(x)), losses[-1] if losses else 0.0
-        )
+        for key, value in zip(flags, read, strict=False):  # NB: the flags' values come first
+            row[_SLOT_OF[key]] = value
+        losses, read = read[len(flags) : len(flags) + n_losses], read[len(flags) + n_losses :]
+        if n_losses == 1:  # NB: the common case
+            row[_LOSS] = losses[0]
+        elif losses:  # with several (accumulation), a non-finite one is kept
+            row[_LOSS] = next((x for x in losses if not math.isfinite(x)), losses[-1])
         if self._grads is not None:
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm

@@ -90,11 +90,18 @@ class Session:
         run enters it once around all its steps, so each step's autocast costs nothing."""
         return cuda_autocast.emulated() if self.emulates_cuda_autocast else contextlib.nullcontext()
 
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """The forward's autocast; none at all in float32, as a float32 loop is written
+        (NB: a disabled autocast entered every step still costs ~0.05 ms on a CPU step)."""
+        return self._autocast() if self.dtype != torch.float32 else _NO_AUTOCAST
+
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        enabled = self.dtype != torch.float32
-        with self.autocast_scope(), torch.autocast(self.device.type, self.dtype, enabled=enabled):
+    def _autocast(self) -> Iterator[None]:
+        with self.autocast_scope(), torch.autocast(self.device.type, self.dtype):
             yield
+
+
+_NO_AUTOCAST = contextlib.nullcontext()
 
 
 def build_session(loaded: LoadedConfig) -> Session:
