@@ -36,7 +36,8 @@ WHY = """\
   gradients' norm and their exact finite flag (float64 squares of any float32 value
   stay finite). On the CPU each gradient's sum of squares is both, taken as the
   backward ends, while the gradients are still in the caches (torch's dot of each
-  gradient with itself, read at once): a NaN or inf makes a sum NaN or inf, and a finite sum proves every element finite; only an infinite sum is ambiguous
+  gradient with itself, read at once): a NaN or inf makes a sum NaN or inf, and a
+  finite sum proves every element finite; only an infinite sum is ambiguous
   (finite values of ~1e19 and up overflow float32 squares), and that step alone gets
   an exact element check. The loss is judged by its value. The batch is judged only in
   a step that failed (on CUDA, on the device each step): a non-finite batch fails no
