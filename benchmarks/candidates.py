@@ -167,16 +167,23 @@ class WithGuard(Candidate):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self.guard = Guard(session.model, session.optimizer, session.scaler)
+        self.hooks: StepHooks | None = None
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
-        """The `with` form's hooks, on for this candidate's turn; the guard stays open
-        (NB: leaving `with guard` would close it: its last verdict, then no more steps)."""
-        self.guard.__enter__()
+        """The `with` form's hooks, on for this candidate's turn: one guard and one set of
+        hooks for the whole run, as a `with guard:` around a loop keeps them (NB: leaving
+        `with guard` would close the guard: its last verdict, then no more steps)."""
+        if self.hooks is None:
+            self.guard.__enter__()
+            self.hooks = self.guard._hooked
+        else:
+            self.hooks.__enter__()
         try:
             yield
         finally:
-            self.guard._detach()
+            assert self.hooks is not None
+            self.hooks.__exit__(None, None, None)
 
     def close(self) -> None:
         self.guard.close()

@@ -37,6 +37,14 @@ call's keyword inputs are checked when it returns, before its output is, which t
 probes judge the same way (the sentinel by phase, the tracer names no origin before the
 loss).
 
+Global module hooks make every module call of the process take PyTorch's slow path (a few
+microseconds each: 3% of a 5 ms convnet step). So once the model is known and
+`LIGHT_AFTER` steps in a row ran no root forward but the model's own, the global module
+hooks give way to two hooks on the model alone, which announce the same phases. A step
+that ran another root module (`head(backbone(x))`, a GAN), or a framework's named batch,
+keeps the global hooks for good; a root module that first appears after the switch is not
+announced as a FORWARD of its own (its output shows in the loss all the same).
+
 Everything here is host-side bookkeeping; the probe decides what runs on the device.
 """
 
@@ -60,6 +68,8 @@ from nandoctor.runtime.tensors import call_inputs
 
 StepCallback = Callable[[StepContext], None]
 
+LIGHT_AFTER = 2  # steps with the model as their only root forward, before the light hooks
+
 
 class StepHooks:
     """Attach with `with StepHooks(run, probe):`; `probe` may be swapped between steps."""
@@ -82,6 +92,11 @@ class StepHooks:
         self._model_ids = {id(m) for m in model.modules()} if model is not None else None
         self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._handles: list[Any] = []
+        self._module_handles: list[Any] = []  # the global module hooks, until the light ones
+        self._light = False  # the model's own hooks have replaced the global ones
+        self._never_light = explicit  # NB: an explicit StepHooks lives for one step anyway
+        self._regular = 0  # steps in a row whose only root forward was the model
+        self._step_regular: bool | None = None  # this step's, once it has a root forward
         self._depth = 0  # module calls under way
         self._root = False  # a call of the model is under way
         self._backward = 0  # backward calls under way
@@ -95,13 +110,22 @@ class StepHooks:
 
     # -- attach / detach -------------------------------------------------------------
     def __enter__(self) -> StepHooks:
+        """Attach; attached again after `__exit__`, it resumes where it left off (the
+        light hooks included)."""
         self._handles = [
-            nn_module.register_module_forward_pre_hook(self._pre),
-            # NB: one post hook, not two: every module call pays each global hook
-            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
+        if self._light:
+            self._hook_model_alone()
+        else:
+            self._module_handles = [
+                nn_module.register_module_forward_pre_hook(self._pre),
+                # NB: one post hook, not two: every module call pays each global hook
+                nn_module.register_module_forward_hook(
+                    self._post, with_kwargs=True, always_call=True
+                ),
+            ]
         if self.run.model is not None:
             self._hook_inputs(self.run.model)
         patches.register(self)
@@ -109,8 +133,9 @@ class StepHooks:
 
     def __exit__(self, *exc: object) -> None:
         patches.unregister(self)
-        for handle in self._handles:
+        for handle in (*self._module_handles, *self._handles):
             handle.remove()
+        self._module_handles.clear()
         self._handles.clear()
         self._inputs_of = None
 
@@ -119,6 +144,7 @@ class StepHooks:
         (Lightning's `on_train_batch_start`): it is that step's INPUT, labels included,
         which the model's own inputs (`self.net(x)` inside `training_step`) may not be."""
         self._named = batch
+        self._never_light = True  # NB: the light hooks see the model's calls only
 
     # -- explicit steps (Guard.step) ------------------------------------------------------
     def begin(self, batch: Any) -> StepContext:
@@ -135,6 +161,7 @@ class StepHooks:
         self.ctx, self._scaled, self._early = None, None, None
         self._depth = self._backward = self._optim = 0
         self._root = self._late = False
+        self._step_regular = None
 
     # -- module forwards ------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: Any) -> None:
@@ -148,6 +175,7 @@ class StepHooks:
         if ctx is None:
             return
         self._root, self._worked = True, True
+        self._step_regular = module is self.run.model and self._step_regular is not False
         if self.explicit:  # the caller named the batch
             self._forward_started(ctx)
         elif self._named is not None:  # a framework named it
@@ -308,8 +336,40 @@ class StepHooks:
         ctx.phases.clear()
         self.probe.step_ended(ctx)
         self.step += 1
+        self._count_regular()
         if self.on_step_end is not None:
             self.on_step_end(ctx)
+
+    # -- light mode -------------------------------------------------------------------------
+    def _count_regular(self) -> None:
+        regular, self._step_regular = self._step_regular, None
+        if self._light or self._never_light:
+            return
+        if regular is False:  # another root module: its calls need the global hooks
+            self._never_light = True
+        elif regular and self._inputs_of is self.run.model:
+            self._regular += 1
+            if self._regular >= LIGHT_AFTER:
+                self._go_light()
+
+    def _go_light(self) -> None:
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles.clear()
+        self._depth, self._light = 0, True  # NB: called as a step ends, outside any forward
+        self._hook_model_alone()
+
+    def _hook_model_alone(self) -> None:
+        model = self.run.model
+        assert model is not None
+        # NB: prepended, as global hooks run before a module's own (FSDP's, then `_inputs`,
+        # which reads the keyword inputs): the same order as before the switch
+        self._handles.append(model.register_forward_pre_hook(self._pre, prepend=True))
+        self._handles.append(
+            model.register_forward_hook(
+                self._post, prepend=True, with_kwargs=True, always_call=True
+            )
+        )
 
     def _phase(self, ctx: StepContext, phase: Phase, batch: Any) -> None:
         ctx.phases.append(phase)

@@ -1,0 +1,145 @@
+"""`StepHooks`: a user's own loop announced phase by phase, and the light hooks that
+replace the global module hooks once the model's own calls are all a step runs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from nandoctor.runtime import hooks as hooks_module
+from nandoctor.runtime.hooked import HookedRun
+from nandoctor.runtime.hooks import LIGHT_AFTER, StepHooks
+from nandoctor.runtime.probe import Phase, Probe, StepContext
+
+
+class Events(Probe):
+    """Every announcement, with the batch's keys and sum at INPUT and the loss at LOSS."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def step_started(self, ctx: StepContext) -> None:
+        self.seen.append((ctx.step, "step"))
+
+    def phase_started(self, ctx: StepContext, phase: Phase) -> None:
+        if phase is Phase.INPUT:
+            batch = ctx.batch
+            keys = tuple(sorted(batch)) if isinstance(batch, dict) else type(batch).__name__
+            self.seen.append((ctx.step, "input", keys))
+        else:
+            self.seen.append((ctx.step, "start", phase.value))
+
+    def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
+        detail = round(ctx.loss.item(), 4) if phase is Phase.LOSS else None
+        self.seen.append((ctx.step, "end", phase.value, detail))
+
+    def step_ended(self, ctx: StepContext) -> None:
+        self.seen.append((ctx.step, "done"))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.body(x)
+        return out if scale is None else out * scale
+
+
+def loop(
+    steps: int,
+    *,
+    head: bool = False,
+    probe: Probe | None = None,
+    named: bool = False,
+    per_step: bool = False,
+):
+    """Train `steps` steps under StepHooks as `watch` does (no model given); with `head`,
+    a second module with parameters runs on the model's output, `head(model(x))`; with
+    `per_step`, the hooks are attached for each step alone (as the benchmark does)."""
+    torch.manual_seed(0)
+    model, second = Net(), nn.Linear(3, 3)
+    params = [*model.parameters(), *(second.parameters() if head else ())]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    probe = probe or Events()
+    global_hooks: list[int] = []
+    hooks = StepHooks(HookedRun(), probe)
+    with hooks if not per_step else contextlib.nullcontext():
+        for _ in range(steps):
+            with hooks if per_step else contextlib.nullcontext():
+                x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+                if named:
+                    hooks.name_batch({"x": x, "y": y})
+                optimizer.zero_grad()
+                out = model(x, scale=torch.ones(1))
+                loss = F.cross_entropy(second(out) if head else out, y)
+                loss.backward()
+                optimizer.step()
+                global_hooks.append(len(nn_module._global_forward_pre_hooks))
+    return probe, global_hooks, model
+
+
+def test_after_regular_steps_the_model_alone_is_hooked_and_announces_the_same_phases(
+    monkeypatch,
+):
+    before = len(nn_module._global_forward_pre_hooks)
+    light, hooked, model = loop(6)
+    # counted as each step ends: the LIGHT_AFTER-th regular step ends in light mode
+    assert hooked == [before + 1] * (LIGHT_AFTER - 1) + [before] * (7 - LIGHT_AFTER)
+    monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    full, hooked, _ = loop(6)
+    assert hooked == [before + 1] * 6
+    assert light.seen == full.seen
+    assert (5, "input", ("0", "scale")) in light.seen  # keyword inputs too
+    assert not model._forward_pre_hooks and not model._forward_hooks  # all removed at exit
+
+
+def test_hooks_attached_again_resume_in_light_mode(monkeypatch):
+    before = len(nn_module._global_forward_pre_hooks)
+    light, hooked, model = loop(5, per_step=True)
+    assert hooked == [before + 1] * (LIGHT_AFTER - 1) + [before] * (6 - LIGHT_AFTER)
+    assert light.seen == loop(5)[0].seen
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_a_second_root_module_keeps_the_global_hooks_for_good():
+    before = len(nn_module._global_forward_pre_hooks)
+    probe, hooked, _ = loop(5, head=True)
+    assert hooked == [before + 1] * 5
+    forwards = [e for e in probe.seen if e[0] == 4 and e[1:3] == ("start", "forward")]
+    assert len(forwards) == 2  # the model's forward and the head's, each announced
+
+
+def test_a_framework_that_names_its_batch_keeps_the_global_hooks():
+    before = len(nn_module._global_forward_pre_hooks)
+    probe, hooked, _ = loop(4, named=True)
+    assert hooked == [before + 1] * 4
+    assert (3, "input", ("x", "y")) in probe.seen
+
+
+@pytest.mark.parametrize("light", [True, False])
+def test_a_forward_that_raises_leaves_the_next_step_announced(light, monkeypatch):
+    if not light:
+        monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = Events()
+    with StepHooks(HookedRun(), probe) as hooks:
+        for step in range(5):
+            x = torch.randn(4, 6 if step != 3 else 5)  # step 3's batch has the wrong width
+            try:
+                optimizer.zero_grad()
+                model(x).sum().backward()
+                optimizer.step()
+            except RuntimeError:
+                hooks.abandon()
+    assert [e[0] for e in probe.seen if e[1] == "done"] == [0, 1, 2, 3]
+    assert (3, "start", "forward") in probe.seen  # the fifth batch, the fourth step
