@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import statistics
 import time
 from collections.abc import Iterator
@@ -60,12 +61,18 @@ def step_times(
     budget_s: float = STEP_BUDGET_S,
 ) -> StepTimes:
     """Every candidate steps ONE session, in turn, a step each: a round is `steps` such
-    turns in a rotated order, and a candidate's ratio in a round is its time over the
-    plain loop's. NB: one session, not a copy each. Two copies of the same run, both
-    stepped by the plain loop, differ by up to 7% on a 2-core machine (where their memory
-    lies), more than the overheads measured here; one session shared by all leaves only
-    the candidates' own work to differ. Rounds and steps shrink to fit `budget_s` where
-    a step takes seconds (bfloat16 matmuls emulated on a CPU without AVX512-BF16)."""
+    turns, each in an order of its own (shuffled, seeded), and a candidate's ratio in a
+    round is its time over the plain loop's.
+
+    NB: one session, not a copy each. Two copies of the same run, both stepped by the
+    plain loop, differ by up to 7% on a 2-core machine (where their memory lies), more
+    than the overheads measured here; one session shared by all leaves only the
+    candidates' own work to differ. NB: shuffled, not rotated: a rotation keeps each
+    candidate behind the same one, and whoever follows a candidate with a session of its
+    own (`transformers`) starts its step with that copy in the caches (rotated, the plain
+    loop always followed it, and every ratio read up to 10% low on the MLP). Rounds and
+    steps shrink to fit `budget_s` where a step takes seconds (bfloat16 matmuls emulated
+    on a CPU without AVX512-BF16)."""
     loaded = workload.config(size, steps, device)
     shared = build_session(loaded)
     cands = {
@@ -76,12 +83,12 @@ def step_times(
     warm = {name: _run(cand, batches[:2]) / 2 for name, cand in cands.items()}  # allocators
     rounds, steps = _fit(rounds, steps, sum(warm.values()), budget_s)
     names = list(cands)
+    order = random.Random(0)
     per_round: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         total = dict.fromkeys(names, 0.0)
         for i in range(steps):
-            turn = (r * steps + i) % len(names)
-            for name in names[turn:] + names[:turn]:  # NB: rotated: no one always goes first
+            for name in order.sample(names, len(names)):
                 total[name] += _run(cands[name], [batches[i % len(batches)]], first=r * steps + i)
         for name in names:
             per_round[name].append(total[name] / steps)

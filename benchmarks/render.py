@@ -88,9 +88,11 @@ def render_markdown(results: dict, command: str) -> str:
         "",
         "What nandoctor costs next to the loop you would write, measured side by side in one",
         "process: every candidate steps the same training run, taking turns a step each in",
-        "a rotating order (two copies of a run, both stepped by the plain loop, differ by up",
-        "to 7% here on their own: where their memory lies). Every ratio is taken within a",
-        "round of turns; every figure is the median over rounds, with its range.",
+        "an order shuffled anew for every turn (two copies of a run, both stepped by the",
+        "plain loop, differ by up to 7% here on their own: where their memory lies; and a",
+        "fixed order would leave each candidate the caches of the same predecessor). Every",
+        "ratio is taken within a round of turns; every figure is the median over rounds,",
+        "with its range.",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['threads']} torch threads, torch {m['torch']}"
         + (f", GPU {m['gpu']}" if m.get("gpu") else "")
