@@ -426,3 +426,25 @@ def test_guard_leaves_no_hook_or_patch_behind():
 
 def test_guard_and_nonfinite_error_are_exported_from_the_package():
     assert nandoctor.Guard is Guard and nandoctor.NonFiniteError is NonFiniteError
+
+
+def test_the_with_form_on_gpt2_catches_a_nan_in_a_keyword_input_after_the_light_switch():
+    pytest.importorskip("transformers")
+    from tests.real_models import gpt2, lm_data
+
+    torch.manual_seed(0)
+    model = gpt2(dropout=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for step, batch in enumerate(lm_data(batches=6)):
+            with torch.no_grad():  # the user's own features, not a forward of the step
+                embeds = model.get_input_embeddings()(batch["input_ids"])
+            if step == 4:
+                embeds[1, 3, 0] = float("nan")
+            optimizer.zero_grad()
+            loss = model(inputs_embeds=embeds, labels=batch["labels"]).loss  # the library's
+            loss.backward()
+            optimizer.step()
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase) == (4, "input")
+    assert not model._forward_pre_hooks and not model._forward_hooks

@@ -143,3 +143,35 @@ def test_a_forward_that_raises_leaves_the_next_step_announced(light, monkeypatch
                 hooks.abandon()
     assert [e[0] for e in probe.seen if e[1] == "done"] == [0, 1, 2, 3]
     assert (3, "start", "forward") in probe.seen  # the fifth batch, the fourth step
+
+
+def gpt2_loop(steps: int, probe: Probe, nan_at: int | None = None) -> None:
+    """transformers' GPT-2 (tiny, random-init, no dropout) called as `model(**batch)`,
+    its loss from the library; batch `nan_at` has a NaN in its float attention mask."""
+    pytest.importorskip("transformers")
+    from tests.real_models import gpt2, lm_data
+
+    torch.manual_seed(0)
+    model = gpt2(dropout=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = lm_data(batches=steps)
+    with StepHooks(HookedRun(), probe):
+        for step, batch in enumerate(batches):
+            mask = torch.ones(batch["input_ids"].shape)
+            if step == nan_at:
+                mask[1, 3] = float("nan")
+            optimizer.zero_grad()
+            model(**batch, attention_mask=mask).loss.backward()
+            optimizer.step()
+
+
+def test_on_gpt2_called_by_keyword_the_light_hooks_announce_what_the_global_ones_do(
+    monkeypatch,
+):
+    light = Events()
+    gpt2_loop(5, light)
+    monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    full = Events()
+    gpt2_loop(5, full)
+    assert light.seen == full.seen
+    assert (4, "input", ("attention_mask", "input_ids", "labels")) in light.seen
