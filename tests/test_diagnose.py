@@ -187,6 +187,54 @@ def test_a_mask_that_holds_a_nan_is_still_bad_data(project, tmp_path):
     assert report.causes[0].id == "nonfinite-input"
 
 
+LOGGED = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def build_model(positive=False):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 3))
+    if positive:  # then -inf comes out of the first layer (no NaN), and the NaN in the loss
+        nn.init.uniform_(model[0].weight, 0.01, 0.1)
+    return model
+
+
+def clicks(batches=6, binary_at=None):
+    # log-counts: 0 for one click; a day with at most one click per feature is 0 or -inf
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(batches):
+        counts = torch.randint(0, 2, (8, 12), generator=g).float()
+        counts = counts if i == binary_at else counts + 1
+        out.append((torch.log(counts), torch.randint(0, 3, (8,), generator=g)))
+    return out
+
+
+def loss(model, batch):
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+"""
+
+
+@pytest.mark.parametrize("positive", [False, True])
+def test_a_batch_of_only_zeros_and_minus_inf_multiplied_as_features_is_bad_data(
+    project, tmp_path, positive
+):
+    # it looks like an additive mask, but the first layer multiplies it through
+    (tmp_path / "logged.py").write_text(LOGGED)
+    config = {
+        "model": "logged.py:build_model",
+        "data": "logged.py:clicks",
+        "loss": "logged.py:loss",
+    }
+    report = run(project, **config, data_args={"binary_at": 3}, model_args={"positive": positive})
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (3, "input", "input:0")
+    assert report.causes[0].id == "nonfinite-input"
+
+
 def test_an_inf_in_a_later_epoch_batch_is_caught_at_its_step(project):
     report = run(project, data_args={"batches": 4, "inf_at": 3}, steps=10)
     assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (3, "input")

@@ -372,6 +372,25 @@ def test_the_allocating_ops_are_known_to_leave_memory_unwritten(op):
     assert ops.leaves_unwritten(getattr(getattr(torch.ops.aten, packet), overload))
 
 
+@pytest.mark.parametrize(
+    ("op", "arg", "factor"),
+    [
+        ("addmm.default", "mat1", True),
+        ("addmm.default", "self", False),  # the term added to the product (a bias, a mask)
+        ("baddbmm.default", "batch2", True),
+        ("baddbmm.default", "self", False),
+        ("mm.default", "self", True),
+        ("linear.default", "input", True),
+        ("linear.default", "bias", False),
+        ("convolution.default", "bias", False),
+        ("add.Tensor", "other", False),  # not a product at all
+    ],
+)
+def test_a_factor_of_a_product_is_told_from_a_term_added_to_it(op, arg, factor):
+    packet, _, overload = op.partition(".")
+    assert ops.multiplies(getattr(getattr(torch.ops.aten, packet), overload), arg) is factor
+
+
 def test_a_value_selected_away_by_where_is_a_transient_not_the_origin(project, models):
     report = report_of(
         project,

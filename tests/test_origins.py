@@ -41,6 +41,15 @@ def test_a_nan_made_from_deliberate_infs_alone_is_a_new_origin():
     assert carried is not None and carried.origin is mask.origin
 
 
+def test_a_deliberate_origin_found_to_be_data_is_accidental_from_then_on():
+    table = OriginTable()
+    batch = table.birth(finding("input:0", None, Phase.INPUT), 4, True, [])
+    data = table.as_data(batch.origin)
+    assert not data.deliberate and data.seq == batch.origin.seq
+    assert table.born == [data]  # reported as any accidental origin is
+    assert descend([Lineage(data, batch.ancestors)], created=True).origin is data
+
+
 def test_transients_are_the_origins_that_did_not_reach_the_failure_once_each():
     table = OriginTable()
     healed = born(table, "aten.log.default")

@@ -23,7 +23,8 @@ INFO = entry(
     purpose, stored as NaN and masked in the loss, are not this: their values never reach
     the loss, so the run is healthy. Nor is an additive attention mask of 0 and -inf
     carried in the batch: its -inf are deliberate, and a row it masks entirely is
-    fully-masked-softmax.)
+    fully-masked-softmax. A tensor of 0 and -inf that a layer multiplies, as `log` of a
+    0/1 feature, is data again: this cause.)
     """,
     fix="""
     Find and repair the bad samples (check `torch.isfinite(x).all()` per sample in the

@@ -69,6 +69,28 @@ def leaves_unwritten(func: Any) -> bool:
     return (space == "aten" and name in _UNWRITTEN) or (space, name) in _PARTLY_WRITTEN
 
 
+# NB: ops that sum products of their inputs' elements: an additive mask's -inf never goes
+# through one on purpose (a softmax or a fill removes it first), so a batch tensor of only
+# 0 and -inf that meets one is data (`log` of a 0/1 feature), not a mask
+_CONTRACTIONS = frozenset(
+    {
+        "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv",
+        "dot", "vdot", "einsum", "tensordot", "_addmm_activation", "convolution",
+        "_convolution", "conv1d", "conv2d", "conv3d",
+    }
+)  # fmt: skip
+
+
+def multiplies(func: Any, name: str) -> bool:
+    """Argument `name` is a factor of a matrix product or a convolution (`mat1` of
+    `addmm`), not a term added to it (`self` of `addmm` and `baddbmm`, a `bias`)."""
+    if func.namespace != "aten" or (op := func.overloadpacket.__name__) not in _CONTRACTIONS:
+        return False
+    arg = name.split("[")[0]
+    added = arg == "bias" or (arg == "self" and op.lstrip("_").startswith(("add", "badd")))
+    return not added
+
+
 def is_collective(func: Any) -> bool:
     """A c10d collective (`_reduce_scatter_base_`, `allreduce_`): what it writes comes from
     every rank, and may arrive after it returned (work in flight)."""

@@ -12,7 +12,10 @@ origins that never reached it are the transients.
 Deliberate values: an inf filled in from a scalar (`masked_fill(mask, -inf)`) or a
 tensor already non-finite before the step (a mask buffer) is an origin too, marked
 `deliberate`. Merged with an accidental one, the accidental origin wins; a NaN made from
-deliberate infs only (the softmax of a fully masked row) is a new, accidental origin.
+deliberate infs only (the softmax of a fully masked row) is a new, accidental origin. A
+batch tensor of only 0 and -inf reads as a mask until a matrix product or a convolution
+multiplies it into a non-finite output: then it was data (`log` of a 0/1 feature), and
+its origin turns accidental (`as_data`).
 
 Cost: one dictionary lookup per input of an op that made a non-finite output. The
 tables hold weak references (to tensors, and to their storages for views and saved
@@ -21,7 +24,7 @@ tensors), so nothing is kept alive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -92,6 +95,13 @@ class OriginTable:
         origin = Origin(len(self.born), step, finding, deliberate)
         self.born.append(origin)
         return Lineage(origin, _ancestors(parents) | {origin.seq})
+
+    def as_data(self, origin: Origin) -> Origin:
+        """`origin`, deliberate until now, was accidental after all (a batch's -inf taken
+        for a mask, then multiplied through as data): so it is from here on."""
+        accidental = replace(origin, deliberate=False)
+        self.born[origin.seq] = accidental
+        return accidental
 
     def unborn(self, count: int) -> None:
         """Forget the origins born after the first `count`: copies of a value whose own

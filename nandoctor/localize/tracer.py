@@ -30,7 +30,7 @@ from nandoctor.localize.finding import Finding, finding_of
 from nandoctor.localize.frames import call_site, user_source
 from nandoctor.localize.modes import NodeInfo, NodeRecorder, OpChecker
 from nandoctor.localize.modules import ModuleTracker
-from nandoctor.localize.origins import OriginTable, descend, reaching, transients
+from nandoctor.localize.origins import Lineage, OriginTable, descend, reaching, transients
 from nandoctor.localize.provenance import Provenance
 from nandoctor.localize.stats import kinds_of, tensor_stats
 from nandoctor.report.evidence import Evidence
@@ -212,6 +212,8 @@ class Tracer(Probe):
         parents = [x for n, t in named.items() if any(kinds[n]) and (x := self.origins.lineage(t))]
         if not parents:  # a collective's result landing where it was awaited
             parents = [x for _, t in bad if (x := self.origins.arrived(t)) is not None]
+        if any(map(_from_batch_mask, parents)):
+            parents = self._masks_as_data(func, named, kinds, parents)
         inherits = any(not p.origin.deliberate for p in parents)  # then nothing else matters
         created = not inherits and _created(ops.scalar_nonfinite(args, kwargs), kinds, bad)
         lineage = descend(parents, created)
@@ -223,6 +225,22 @@ class Tracer(Probe):
             self.origins.mark(t, lineage)
 
     # -- internals -------------------------------------------------------------------
+    def _masks_as_data(
+        self, func: Any, named: dict, kinds: dict, parents: list[Lineage]
+    ) -> list[Lineage]:
+        """A batch tensor taken for a mask (`_is_mask`: 0 and -inf only) that a matrix
+        product or a convolution multiplies through, into a non-finite output, is data
+        (`log` of a 0/1 feature): its origin is accidental from here on. A mask is added
+        to scores, never multiplied."""
+        factors = [named[n] for n in named if any(kinds[n]) and ops.multiplies(func, n)]
+        data = {
+            x.origin.seq for t in factors if (x := self.origins.lineage(t)) and _from_batch_mask(x)
+        }
+        return [
+            Lineage(self.origins.as_data(p.origin), p.ancestors) if p.origin.seq in data else p
+            for p in parents
+        ]
+
     def _born(self, func, args, kwargs, bad, before, where, created) -> Finding:
         phase, module, source, info = where
         index, tensor = bad[0]
@@ -305,12 +323,18 @@ def _node_name() -> str:
     return node.name() if node is not None else "?"
 
 
+def _from_batch_mask(lineage: Lineage) -> bool:
+    """Descends from a batch tensor taken for a mask (0 and -inf only)."""
+    return lineage.origin.deliberate and lineage.origin.finding.phase is Phase.INPUT
+
+
 def _is_mask(t: torch.Tensor) -> bool:
     """An additive attention mask the batch carries: 0 where a position is kept, -inf
     where it is masked, and nothing else. Its infs are deliberate, as a mask buffer's
     are: a softmax sums them out, and the NaN of a row masked entirely is the softmax's
     (a new origin: fully-masked-softmax), not bad data. NB: a NaN, a +inf or any other
-    value makes the batch's non-finite values data again (nonfinite-input)."""
+    value makes the batch's non-finite values data again (nonfinite-input), and so does a
+    matrix product that multiplies them (`_masks_as_data`)."""
     if t.is_meta or t.is_sparse or not t.is_floating_point():
         return False
     return bool(((t == 0) | (t == float("-inf"))).all())
