@@ -89,9 +89,15 @@ def plain_step(s: Session, batch: Any, after_backward: Callable[[], Any] | None 
     return seen
 
 
+class _Silent(Probe):
+    forward_phase = False  # NB: as the sentinel's: no hooks on the model for the phase
+
+
 class Loop(Candidate):
+    """nandoctor's step with a probe that does nothing: the price of the phases alone."""
+
     def step(self, step: int, batch: Any) -> None:
-        run_step(self.session, step, batch, Probe())
+        run_step(self.session, step, batch, _Silent())
 
 
 class NormFloor(Candidate):

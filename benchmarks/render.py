@@ -269,7 +269,8 @@ def _step_table(results: dict) -> list[str]:
         out.append(f"| {s['workload']} | " + " | ".join(cells) + " |")
     out += [
         "",
-        "`loop` is nandoctor's step with no probe; `plain+norm` is the plain loop plus the",
+        "`loop` is nandoctor's step with a probe that does nothing (the phases alone);",
+        "`plain+norm` is the plain loop plus the",
         "sentinel's pass over the gradients (on the CPU each one's sum of squares, as the",
         "backward ends), read every step: the floor of any exact per-step gradient check;",
         "`sentinel` adds the cheap watch (what",
