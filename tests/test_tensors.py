@@ -1,5 +1,5 @@
 """runtime.tensors: the norms (and sums of squares) the sentinel reads every step,
-whatever the tensors are."""
+whatever the tensors are, and the private copies of the batches the snapshots keep."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import math
 import pytest
 import torch
 
-from nandoctor.runtime.tensors import host_square_sums, square_sums, tensor_norms, total_norm
+from nandoctor.runtime.tensors import (
+    host_copy,
+    host_square_sums,
+    square_sums,
+    tensor_norms,
+    total_norm,
+)
 
 
 def expected(tensors: list[torch.Tensor]) -> list[float]:
@@ -115,3 +121,41 @@ def test_a_nan_or_inf_makes_its_host_sum_non_finite_and_huge_values_overflow_onl
         assert sums is not None and math.isfinite(sums[0]) and not math.isfinite(sums[1])
     (huge,) = host_square_sums([torch.full((numel,), 1e20, dtype=dtype)]) or [math.nan]
     assert math.isinf(huge) == (dtype == torch.float32)  # the sentinel rechecks an inf sum
+
+
+BATCHES = {
+    "a tuple of tensors (the common batch)": (torch.randn(4, 3), torch.arange(4)),
+    "a list of tensors": [torch.randn(2, 2), torch.randn(3).t()],
+    "a tuple with a float": (torch.randn(3), 0.5),
+    "one that requires grad": (torch.randn(3), torch.randn(3, requires_grad=True)),
+    "nested": ((torch.randn(2),), {"y": torch.arange(2)}),
+    "a parameter": (torch.nn.Parameter(torch.randn(2), requires_grad=False), torch.randn(2)),
+}
+
+
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+def test_a_kept_batch_is_a_private_copy_of_the_same_shape_that_later_writes_leave_alone(batch):
+    kept = host_copy(batch)
+    assert type(kept) is type(batch)
+    originals = _tensors(batch)
+    copies = _tensors(kept)
+    assert len(copies) == len(originals)
+    for original, copy in zip(originals, copies, strict=True):
+        assert copy.data_ptr() != original.data_ptr()
+        assert copy.stride() == original.stride() and not copy.requires_grad
+        torch.testing.assert_close(copy, original.detach())
+    for original in originals:
+        with torch.no_grad():
+            original.add_(1)  # the loss, or the data pipeline, writing in place
+    for original, copy in zip(originals, copies, strict=True):
+        torch.testing.assert_close(copy + 1, original.detach())
+
+
+def _tensors(obj: object) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []

@@ -110,7 +110,18 @@ def host_copy(batch: Any) -> Any:
 
     NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
     file in a batch field (deepcopy refuses them); the replay then sees the same object."""
+    if type(batch) in _FLAT and all(_plain_cpu(t) for t in batch):
+        # NB: the common batch, kept every step, where the caches are cold: the walk
+        # below added 10-25 us to its copies in situ (6 ms steps, docs/performance.md)
+        return type(batch)([t.clone() for t in batch])
     return map_tensors(batch, _tensor_copy, _leaf_copy)
+
+
+_FLAT = (tuple, list)
+
+
+def _plain_cpu(t: Any) -> bool:
+    return type(t) is torch.Tensor and t.is_cpu and not t.requires_grad
 
 
 def _tensor_copy(t: torch.Tensor) -> torch.Tensor:
