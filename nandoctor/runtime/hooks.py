@@ -133,10 +133,8 @@ class StepHooks:
 
     def __exit__(self, *exc: object) -> None:
         patches.unregister(self)
-        for handle in (*self._module_handles, *self._handles):
-            handle.remove()
-        self._module_handles.clear()
-        self._handles.clear()
+        _remove(self._module_handles)
+        _remove(self._handles)
         self._inputs_of = None
 
     def name_batch(self, batch: Any) -> None:
@@ -353,9 +351,7 @@ class StepHooks:
                 self._go_light()
 
     def _go_light(self) -> None:
-        for handle in self._module_handles:
-            handle.remove()
-        self._module_handles.clear()
+        _remove(self._module_handles)
         self._depth, self._light = 0, True  # NB: called as a step ends, outside any forward
         self._hook_model_alone()
 
@@ -377,3 +373,9 @@ class StepHooks:
         self.probe.phase_started(ctx, phase)
         self.probe.phase_ended(ctx, phase)
         ctx.phases.pop()
+
+
+def _remove(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+    handles.clear()
