@@ -53,7 +53,9 @@ WHY = """\
   synchronised (the GradScaler reads `found_inf` every step) the copy is long done and
   nothing waits; without a GradScaler the host waits for step N while step N+1 is
   already queued, so the GPU never drains.
-- **The floor.** The pass over the gradients is the one cost no exact check avoids:
+- **The floor.** The pass over the gradients is the one cost no exact check avoids,
+  and its norm is the run's gradient-norm telemetry too (the report's trends, the
+  divergence rule, a baseline gate's `max_gradient_growth`, TensorBoard's curve):
   `plain+norm` is the plain loop plus that pass alone, as the sentinel makes it. On a
   CPU step of 5-12 ms over a model of a million parameters (mlp-fp32) it
   is 2-3% by itself: the pass reads every gradient from memory. Tried and
