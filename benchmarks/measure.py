@@ -5,6 +5,7 @@ taken within a round (candidate / plain, side by side)."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import statistics
@@ -30,13 +31,36 @@ from nandoctor.setup.session import build_session
 
 @dataclass
 class Spread:
+    """A median with its range, and the median's 95% confidence interval (`ci_low`,
+    `ci_high`): on this noisy machine a median a little over its target may be noise,
+    and one whose interval lies wholly above it is not."""
+
     median: float
     low: float
     high: float
+    ci_low: float
+    ci_high: float
 
     @classmethod
     def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
+        ci_low, ci_high = median_interval(values)
+        return cls(statistics.median(values), min(values), max(values), ci_low, ci_high)
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A confidence interval of the median that assumes nothing of the distribution:
+    the j-th smallest and j-th largest values, with j the largest rank such that fewer
+    than j of n values fall below the true median with probability at most
+    (1 - level) / 2 (that count is binomial(n, 1/2)). Too few values for any narrower
+    interval: the range."""
+    xs = sorted(values)
+    n, tail, below, j = len(xs), (1 - level) / 2, 0.0, 0
+    while j < n // 2:
+        p = math.comb(n, j) / 2**n  # P(exactly j values fall below the median)
+        if below + p > tail:
+            break
+        below, j = below + p, j + 1
+    return (xs[0], xs[-1]) if j == 0 else (xs[j - 1], xs[n - j])
 
 
 # NB: the seconds of stepping one workload's candidates may take, at most

@@ -172,8 +172,10 @@ def _targets(results: dict) -> list[str]:
         "`lint` of one file answer within half a second, fast enough for a pre-commit hook.",
         "",
         "A step-time target is met when the median of the candidate's ratios to the plain",
-        "loop, each taken within one round, is at most the target; the range is in the",
-        "step-time table below.",
+        "loop, each taken within one round, is at most the target. Beside each median, its",
+        "95% confidence interval (from the order statistics of the rounds' ratios, assuming",
+        "nothing of their distribution): a miss whose interval lies wholly above its target",
+        "is not the noise of this machine. The range is in the step-time table below.",
         "",
         *_missed(results["step_times"]),
     ]
@@ -184,7 +186,7 @@ def _missed(steps: list[dict]) -> list[str]:
     cost reads as a large ratio on a short step, a small one on a long step. Where the
     floor (`plain+norm`: the gradient pass alone) misses the sentinel's target too, the
     page says so: no sentinel that checks every gradient each step can meet it there."""
-    rows, floors, longest = [], [], 0.0
+    rows, noise, floors, longest = [], [], [], 0.0
     for s in steps:
         plain = s["ms"]["plain"]["median"]
         for name, target in STEP_TARGETS.items():
@@ -193,6 +195,8 @@ def _missed(steps: list[dict]) -> list[str]:
                 extra = (r["median"] - 1) * plain
                 rows.append(f"`{name}` on {s['workload']} ({plain:.1f} ms): {extra:+.2f} ms")
                 longest = max(longest, plain)
+                if r.get("ci_low", target + 1) <= target:
+                    noise.append(f"`{name}` on {s['workload']}")
         floor = s["ratio"].get("plain+norm")
         if floor is not None and floor["median"] > STEP_TARGETS["sentinel"]:
             floors.append(f"{s['workload']} {floor['median']:.3f}x")
@@ -209,8 +213,14 @@ def _missed(steps: list[dict]) -> list[str]:
         "The pass over the gradients alone, with nothing else (`plain+norm`), is over the",
         f"sentinel's {STEP_TARGETS['sentinel']}x there: " + ", ".join(floors) + ".",
     ]
+    within = [
+        "Of these, the 95% interval reaches down to the target for "
+        + ", ".join(noise)
+        + ": those may be this machine's noise; the others are not.",
+    ]
     return [
         "Missed, with what the ratio means in time a step: " + "; ".join(rows) + ".",
+        *(within if noise else []),
         *(why if longest < 20 else []),
         *(floor_note if floors else []),
         "",
@@ -224,8 +234,15 @@ def _step_targets(steps: list[dict]) -> list[tuple[str, str, str, bool]]:
             r = s["ratio"].get(name)
             if r is not None:
                 label = f"`{name}` step time / plain, {s['workload']}"
-                rows.append((label, f"{r['median']:.3f}x", f"<= {target}x", r["median"] <= target))
+                rows.append((label, _with_interval(r), f"<= {target}x", r["median"] <= target))
     return rows
+
+
+def _with_interval(r: dict) -> str:
+    """The median, and its 95% confidence interval where the results have one."""
+    if "ci_low" not in r:
+        return f"{r['median']:.3f}x"
+    return f"{r['median']:.3f}x ({r['ci_low']:.3f}–{r['ci_high']:.3f})"
 
 
 def _sync_targets(reads: dict[str, dict[str, float]]) -> list[tuple[str, str, str, bool]]:

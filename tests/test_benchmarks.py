@@ -3,7 +3,10 @@ runs and reports every figure, not its timings (those belong to docs/performance
 
 from __future__ import annotations
 
-from benchmarks.render import _flags, _missed, _sync_targets
+import random
+
+from benchmarks.measure import Spread, median_interval
+from benchmarks.render import _flags, _missed, _step_targets, _sync_targets
 from benchmarks.run import main
 
 
@@ -70,3 +73,35 @@ def test_the_page_says_half_precision_is_emulated_only_where_it_is():
     emulated = " ".join(_flags({"avx2": True, "avx512_bf16": False, "amx_bf16": False}))
     assert "the CPU emulates bfloat16" in emulated
     assert _flags(None) == []  # a machine whose flags could not be read: no claim
+
+
+def test_the_medians_interval_is_read_from_the_order_statistics():
+    # 30 rounds: fewer than 10 of 30 values fall below the median with probability
+    # 0.021 (at most 0.025), fewer than 11 with 0.049: the 10th smallest to 10th largest
+    assert median_interval([float(i) for i in range(1, 31)]) == (10.0, 21.0)
+    assert median_interval([5.0, 1.0, 4.0, 2.0, 3.0]) == (1.0, 5.0)  # too few: the range
+    spread = Spread.of([1.02, 1.05, 1.01, 1.04, 1.03])
+    assert (spread.median, spread.low, spread.high) == (1.03, 1.01, 1.05)
+
+
+def test_the_medians_interval_holds_the_true_median_95_times_in_100():
+    rng = random.Random(0)
+    trials, covered = 2000, 0
+    for _ in range(trials):  # skewed, as step times are: a lognormal, median exactly 1
+        low, high = median_interval([rng.lognormvariate(0.0, 0.1) for _ in range(30)])
+        covered += low <= 1.0 <= high
+    assert 0.94 <= covered / trials <= 0.975  # 0.957 exactly, for 30 values
+
+
+def test_the_targets_show_each_median_with_its_interval_and_say_which_misses_are_noise():
+    ratio = {
+        "sentinel": {"median": 1.06, "ci_low": 1.04, "ci_high": 1.08},  # wholly above 1.03
+        "guard": {"median": 1.06, "ci_low": 1.04, "ci_high": 1.08},  # reaches down to 1.05
+        "plain+norm": {"median": 1.01, "ci_low": 1.0, "ci_high": 1.02},
+    }
+    step = {"workload": "mlp-fp32", "ms": {"plain": {"median": 8.0}}, "ratio": ratio}
+    rows = {label: measured for label, measured, _, _ in _step_targets([step])}
+    assert rows["`sentinel` step time / plain, mlp-fp32"] == "1.060x (1.040–1.080)"
+    text = "\n".join(_missed([step]))
+    assert "the 95% interval reaches down to the target for `guard` on mlp-fp32:" in text
+    assert "`sentinel` on mlp-fp32" not in text.split("Of these")[1]
