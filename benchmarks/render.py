@@ -175,7 +175,8 @@ def _targets(results: dict) -> list[str]:
         "loop, each taken within one round, is at most the target. Beside each median, its",
         "95% confidence interval (from the order statistics of the rounds' ratios, assuming",
         "nothing of their distribution): a miss whose interval lies wholly above its target",
-        "is not the noise of this machine. The range is in the step-time table below.",
+        "is not the noise between this run's rounds (the machine's load still moves every",
+        "row by a few per cent from run to run). The range is in the step-time table below.",
         "",
         *_missed(results["step_times"]),
     ]
@@ -216,7 +217,7 @@ def _missed(steps: list[dict]) -> list[str]:
     within = [
         "Of these, the 95% interval reaches down to the target for "
         + ", ".join(noise)
-        + ": those may be this machine's noise; the others are not.",
+        + ": those may be the rounds' noise.",
     ]
     return [
         "Missed, with what the ratio means in time a step: " + "; ".join(rows) + ".",

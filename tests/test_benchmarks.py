@@ -103,5 +103,5 @@ def test_the_targets_show_each_median_with_its_interval_and_say_which_misses_are
     rows = {label: measured for label, measured, _, _ in _step_targets([step])}
     assert rows["`sentinel` step time / plain, mlp-fp32"] == "1.060x (1.040–1.080)"
     text = "\n".join(_missed([step]))
-    assert "the 95% interval reaches down to the target for `guard` on mlp-fp32:" in text
+    assert "the 95% interval reaches down to the target for `guard` on mlp-fp32: those" in text
     assert "`sentinel` on mlp-fp32" not in text.split("Of these")[1]
