@@ -110,7 +110,7 @@ def host_copy(batch: Any) -> Any:
 
     NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
     file in a batch field (deepcopy refuses them); the replay then sees the same object."""
-    if type(batch) in _FLAT and all(_plain_cpu(t) for t in batch):
+    if type(batch) in _FLAT and all(_clones(t) for t in batch):
         # NB: the common batch, kept every step, where the caches are cold: the walk
         # below added 10-25 us to its copies in situ (6 ms steps, docs/performance.md)
         return type(batch)([t.clone() for t in batch])
@@ -120,15 +120,17 @@ def host_copy(batch: Any) -> Any:
 _FLAT = (tuple, list)
 
 
-def _plain_cpu(t: Any) -> bool:
-    return type(t) is torch.Tensor and t.is_cpu and not t.requires_grad
+def _clones(t: Any) -> bool:
+    """A host tensor outside autograd, copied by a clone: one kernel call, not a detached
+    view and a copy (NB: the common case, every step)."""
+    return isinstance(t, torch.Tensor) and t.is_cpu and not t.requires_grad
 
 
 def _tensor_copy(t: torch.Tensor) -> torch.Tensor:
     if t.is_meta:
         return t
-    if t.device.type == "cpu" and not t.requires_grad:  # NB: the common case, every step:
-        return t.clone()  # one kernel call, not a detached view and a copy
+    if _clones(t):
+        return t.clone()
     return t.detach().to("cpu", copy=True)
 
 
