@@ -121,7 +121,7 @@ def test_auto_policy_bounds_the_batches_it_keeps_beside_a_large_state(
     _, first = next(iter(session_of(project, tmp_path).batches))
     batch = sum(t.numel() * t.element_size() for t in first)
     assert period_with(2**30) == AUTO_MAX_EVERY  # the state's size alone decides
-    assert period_with(2 * batch * 20) == 20  # 40 batches kept at most
+    assert period_with(2 * batch * 40) == 40  # 80 batches kept at most
     assert period_with(1) == AUTO_MIN_EVERY  # never below (the state's size is the budget)
 
 

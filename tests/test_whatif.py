@@ -46,46 +46,69 @@ def seed_report():
     return report_of("seed-fp16-nan.yaml")
 
 
+def seed_with_snapshots_every(every: int):
+    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
+    policy = loaded.config.snapshot.model_copy(update={"every": every})
+    return diagnose(
+        LoadedConfig(loaded.config.model_copy(update={"snapshot": policy}), loaded.path)
+    )
+
+
 def test_the_seed_example_shows_three_causes_with_replayed_verdicts():
+    """As shipped, the seed fails at step 26, before the auto policy's second snapshot
+    (step 32): every fix is replayed from the start, 32 steps past the failure."""
     report = seed_report()
     by_id = {c.id: c for c in report.causes}
     assert report.causes[0].id == "log-of-softmax"
     assert {"log-of-softmax", "exploding-gradients", "learning-rate-too-high"} <= set(by_id)
     step = report.first_nonfinite.step
-    # the patch resumes from the newest snapshot before the failure, 32 steps past it
-    assert by_id["log-of-softmax"].verified is True
-    resumed = re.search(
-        r"applied from step (\d+) \(resumed from a snapshot\), (\d+)/(\d+) steps stayed finite, "
-        rf"to step {step + 32}, past the failing step {step}",
-        by_id["log-of-softmax"].verification,
-    )
-    assert resumed, by_id["log-of-softmax"].verification
-    assert 0 < int(resumed[1]) <= step and int(resumed[3]) == step + 32 - int(resumed[1]) + 1
-    # a smaller learning rate ten steps before the failure still holds (the newest
-    # snapshot before step 26 is step 16; see the next test for one too late)
-    assert by_id["learning-rate-too-high"].verified is True
-    assert "(resumed from a snapshot)" in by_id["learning-rate-too-high"].verification
-    # clipping alone does not save this run, from the snapshot nor from the start: reported
-    # as failed, not dropped, and ranked below both causes whose fixes held
+    for held in ("log-of-softmax", "learning-rate-too-high"):
+        assert by_id[held].verified is True
+        assert (
+            f"applied from step 0, {step + 33}/{step + 33} steps stayed finite, to step "
+            f"{step + 32}, past the failing step {step}" in by_id[held].verification
+        )
+    # clipping alone does not save this run: reported as failed, not dropped, and ranked
+    # below both causes whose fixes held (from the start, one replay says it all)
     clipped = by_id["exploding-gradients"]
     assert clipped.verified is False
     assert re.fullmatch(
-        r"with unscale_ then clip_grad_norm_\(1.0\), applied from step \d+ \(resumed from a "
+        r"with unscale_ then clip_grad_norm_\(1.0\), applied from step 0, the run still went "
+        r"non-finite at step \d+ \(phase \w+\)",
+        clipped.verification,
+    ), clipped.verification
+    assert [c.id for c in report.causes][-1] == "exploding-gradients"
+
+
+def test_a_fix_resumes_from_the_newest_snapshot_before_the_failure():
+    """Every 16 steps, the newest snapshot before the seed's failure at step 26 is step 16:
+    each fix is applied from there, as a user resumes from a checkpoint, 32 steps past the
+    failure; clipping, refuted there, is replayed from the start too and still fails."""
+    report = seed_with_snapshots_every(16)
+    by_id = {c.id: c for c in report.causes}
+    step = report.first_nonfinite.step
+    for held in ("log-of-softmax", "learning-rate-too-high"):
+        assert by_id[held].verified is True
+        assert (
+            f"applied from step 16 (resumed from a snapshot), {step + 32 - 16 + 1}/"
+            f"{step + 32 - 16 + 1} steps stayed finite, to step {step + 32}, past the failing "
+            f"step {step}" in by_id[held].verification
+        ), by_id[held].verification
+    clipped = by_id["exploding-gradients"]
+    assert clipped.verified is False
+    assert re.fullmatch(
+        r"with unscale_ then clip_grad_norm_\(1.0\), applied from step 16 \(resumed from a "
         r"snapshot\), the run still went non-finite at step \d+ \(phase \w+\); applied from "
         r"step 0, the run still went non-finite at step \d+ \(phase \w+\)",
         clipped.verification,
     ), clipped.verification
-    assert [c.id for c in report.causes][-1] == "exploding-gradients"
 
 
 def test_a_fix_refuted_from_its_snapshot_is_replayed_from_the_start():
     """With a snapshot every 8 steps, the newest before the seed's failure at step 26 is
     step 24: a smaller learning rate from there is too late. Refuted from the snapshot,
     the fix is replayed from step 0 (a quarter further), where it holds."""
-    loaded = load_config(CONFIGS / "seed-fp16-nan.yaml")
-    every_8 = loaded.config.snapshot.model_copy(update={"every": 8})
-    loaded = LoadedConfig(loaded.config.model_copy(update={"snapshot": every_8}), loaded.path)
-    report = diagnose(loaded)
+    report = seed_with_snapshots_every(8)
     (cause,) = [c for c in report.causes if c.id == "learning-rate-too-high"]
     step = report.first_nonfinite.step
     horizon = max(32, step // 4)

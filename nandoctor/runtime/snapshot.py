@@ -34,8 +34,9 @@ from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
 from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local, tensor_bytes
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
-AUTO_MIN_EVERY = 16  # ...at least this many (a copy costs less than an update: ~1% of a
-# few-ms step, where every 8 steps cost ~2%), so a replay can look a few steps back...
+AUTO_MIN_EVERY = 32  # ...at least this many (a copy of a small model's state costs about
+# a third of a few-ms step: ~1.3% of a step at this period, ~2.5% at every 16 steps), so a
+# replay can still look a few dozen steps back...
 AUTO_MAX_EVERY = 64  # ...and at most this many; fewer where the batches kept would
 AUTO_BATCH_BUDGET = 2**30  # outgrow this many bytes (or the state's size, if larger)
 

@@ -127,7 +127,7 @@ class SnapshotPolicy(_Section):
     """How often the fast run copies the training state aside, so a step can be replayed."""
 
     every: Annotated[Literal["auto"] | PositiveInt, BeforeValidator(_auto_or_count)] = Field(
-        "auto", description="auto: every 16 steps for small states, up to 64 for large ones"
+        "auto", description="auto: every 32 steps for small states, up to 64 for large ones"
     )
 
     @property
