@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -174,3 +175,13 @@ def test_autocast_policy_on_the_command_line_overrides_the_config(project, tmp_p
 def test_an_unknown_autocast_policy_is_a_usage_error(project):
     result = invoke("diagnose", str(project(base_config())), "--autocast-policy", "tpu")
     assert result.exit_code == 2 and "expected cuda or native" in result.output
+
+
+def test_a_dead_rank_is_named_before_the_peer_that_gloo_aborted_after_it():
+    """Rank 1 was killed; rank 0 ended with its own error, and gloo aborted it on the way
+    out: the launcher names rank 1. Deaths of the same kind name the lowest rank."""
+    from nandoctor.cli.diagnose import first_death
+
+    assert first_death({0: signal.SIGABRT, 1: signal.SIGKILL}) == (1, signal.SIGKILL)
+    assert first_death({0: signal.SIGSEGV, 1: signal.SIGKILL}) == (0, signal.SIGSEGV)
+    assert first_death({2: signal.SIGABRT, 1: signal.SIGABRT}) == (1, signal.SIGABRT)

@@ -143,9 +143,20 @@ def launch_ranks(nproc: int) -> Outcome:
         return Outcome(interrupted=True)
     killed = {r: -c for r, c in codes.items() if c < 0 and c != -signal.SIGTERM}
     if killed:
-        rank, signum = min(killed.items())
+        rank, signum = first_death(killed)
         raise RankDied(f"rank {rank} died: killed by {_signal_name(signum)}")
     return of_ranks(codes)
+
+
+def first_death(killed: dict[int, int]) -> tuple[int, int]:
+    """The rank whose death to name, of those killed by a signal (rank -> signal number).
+
+    NB: a rank that lost its peer ends with its own error, but gloo's threads may then
+    abort it as Python tears down ("terminate called without an active exception":
+    SIGABRT). That death follows the other; a rank killed by anything else is named first,
+    the lowest such rank where there are several."""
+    primary = {r: s for r, s in killed.items() if s != signal.SIGABRT}
+    return min((primary or killed).items())
 
 
 def _signal_name(signum: int) -> str:
