@@ -10,8 +10,7 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.outcome import Outcome
 from nandoctor.cli.output import write_text
-from nandoctor.lint import LintResult, Severity, lint_paths, load_config
-from nandoctor.lint.render import terminal
+from nandoctor.lint.findings import LintResult, Severity  # NB: the rest when linting (below)
 
 
 @app.command()
@@ -35,6 +34,10 @@ def lint(
     debug: bool = options.Debug,
 ) -> Outcome:
     """Check training scripts for the patterns that turn a loss NaN; exit 1 on findings."""
+    # NB: imported here, not with the app: every other command would load the engine too
+    from nandoctor.lint import lint_paths, load_config
+    from nandoctor.lint.render import terminal
+
     outputs = {"--json": json_path, "--sarif": sarif_path}
     options.check_outputs(outputs)
     config = load_config(paths, select=select, ignore=ignore, fail_on=fail_on)

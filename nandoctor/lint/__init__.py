@@ -13,9 +13,36 @@ holds; `patterns`: the torch vocabulary; `scaler`, `fp16`), `config` (pyproject 
 flags), `render/` (terminal, JSON, SARIF) and `docs` (docs/lint.md).
 """
 
-from nandoctor.lint.config import LintConfig, load_config
-from nandoctor.lint.engine import lint_paths, lint_text
-from nandoctor.lint.findings import Finding, LintResult, Severity, Skipped
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nandoctor.lint.config import LintConfig, load_config
+    from nandoctor.lint.engine import lint_paths, lint_text
+    from nandoctor.lint.findings import Finding, LintResult, Severity, Skipped
+
+# NB: loaded on first use (PEP 562): the CLI imports `findings` for its options, and
+# every other command would otherwise load the whole engine with it
+_HOMES = {
+    "Finding": "findings",
+    "LintConfig": "config",
+    "LintResult": "findings",
+    "Severity": "findings",
+    "Skipped": "findings",
+    "lint_paths": "engine",
+    "lint_text": "engine",
+    "load_config": "config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "Finding",
