@@ -217,39 +217,46 @@ def _cuda_syncs(workload: Workload, size: str, steps: int) -> dict[str, float]:
 
 
 # -- time to diagnosis -----------------------------------------------------------------
+DIAGNOSIS_REPEATS = 3  # (plain loop, diagnose) pairs behind each time-to-diagnosis figure
+
+
 @dataclass
 class DiagnosisTime:
     failing_step: int
-    plain_s: float  # the plain loop reaching (and running) the failing step
-    nandoctor_s: float  # diagnose, verification excluded: fast run + replay + causes
+    plain_s: float  # the plain loop reaching (and running) the failing step: the median
+    nandoctor_s: float  # diagnose, verification excluded (fast run, replay, causes): the median
     anomaly_s: float | None  # anomaly mode from the start until it raises
     found: str  # what nandoctor reported
+    ratios: list[float]  # diagnose / plain, pair by pair
 
     @property
     def ratio(self) -> float:
-        return self.nandoctor_s / self.plain_s
+        return statistics.median(self.ratios)
 
 
 def time_to_diagnosis(
     workload: Workload, size: str, device: str, failing_step: int
 ) -> DiagnosisTime:
     loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
-    plain, ours, report = _beside_plain(loaded, failing_step, DiagnoseOptions(verify=False))
+    pairs = _beside_plain(loaded, failing_step, DiagnoseOptions(verify=False))
     anomaly = _timed(lambda: _loop_until(loaded, failing_step, anomaly=True))
-    return DiagnosisTime(failing_step, plain, ours, anomaly, _found(report))
+    return DiagnosisTime(
+        failing_step, pairs.plain_s, pairs.nandoctor_s, anomaly, _found(pairs.report), pairs.ratios
+    )
 
 
 @dataclass
 class VerifiedTime:
     failing_step: int
-    plain_s: float  # the plain loop reaching (and running) the failing step
-    nandoctor_s: float  # diagnose with every applicable fix replayed
+    plain_s: float  # the plain loop reaching (and running) the failing step: the median
+    nandoctor_s: float  # diagnose with every applicable fix replayed: the median
     found: str  # what nandoctor reported
     verdicts: list[str]  # per cause: its id, and its verification sentence
+    ratios: list[float]  # diagnose / plain, pair by pair
 
     @property
     def ratio(self) -> float:
-        return self.nandoctor_s / self.plain_s
+        return statistics.median(self.ratios)
 
 
 def time_to_verified_diagnosis(
@@ -259,19 +266,43 @@ def time_to_verified_diagnosis(
     plain loop reaching the failing step: the answer a user gets instead of anomaly mode's."""
     loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
     options = DiagnoseOptions(verify=True, verify_budget=float("inf"))
-    plain, ours, report = _beside_plain(loaded, failing_step, options)
-    verdicts = [f"{c.id}: {c.verification}" for c in report.causes]
-    return VerifiedTime(failing_step, plain, ours, _found(report), verdicts)
+    pairs = _beside_plain(loaded, failing_step, options)
+    verdicts = [f"{c.id}: {c.verification}" for c in pairs.report.causes]
+    return VerifiedTime(
+        failing_step, pairs.plain_s, pairs.nandoctor_s, _found(pairs.report), verdicts, pairs.ratios
+    )
 
 
-def _beside_plain(
-    loaded: LoadedConfig, failing_step: int, options: DiagnoseOptions
-) -> tuple[float, float, Report]:
-    """(the plain loop's seconds to the failing step, diagnose's seconds, its report)."""
-    plain = _timed(lambda: _loop_until(loaded, failing_step, anomaly=False))
-    start = time.perf_counter()
-    report = diagnose(loaded, options)
-    return plain, time.perf_counter() - start, report
+@dataclass
+class _Pairs:
+    plain_s: float
+    nandoctor_s: float
+    ratios: list[float]
+    report: Report
+
+
+def _beside_plain(loaded: LoadedConfig, failing_step: int, options: DiagnoseOptions) -> _Pairs:
+    """The plain loop's seconds to the failing step and diagnose's, side by side
+    `DIAGNOSIS_REPEATS` times, the order alternating (a figure takes minutes, over which
+    the machine's load drifts: one pair alone read 1.08x and 1.31x in two runs).
+    Diagnose is deterministic: every pair's report is the same."""
+    plain: list[float] = []
+    ours: list[float] = []
+    reports: list[Report] = []
+
+    def run_plain() -> None:
+        plain.append(_timed(lambda: _loop_until(loaded, failing_step, anomaly=False)))
+
+    def run_ours() -> None:
+        start = time.perf_counter()
+        reports.append(diagnose(loaded, options))
+        ours.append(time.perf_counter() - start)
+
+    for i in range(DIAGNOSIS_REPEATS):
+        for run in (run_plain, run_ours) if i % 2 == 0 else (run_ours, run_plain):
+            run()
+    ratios = [o / p for o, p in zip(ours, plain, strict=True)]
+    return _Pairs(statistics.median(plain), statistics.median(ours), ratios, reports[0])
 
 
 def _found(report: Report) -> str:

@@ -3,10 +3,12 @@ runs and reports every figure, not its timings (those belong to docs/performance
 
 from __future__ import annotations
 
+import json
 import random
+import statistics
 
-from benchmarks.measure import Spread, median_interval
-from benchmarks.render import _flags, _missed, _step_targets, _sync_targets
+from benchmarks.measure import DIAGNOSIS_REPEATS, Spread, median_interval
+from benchmarks.render import _flags, _missed, _paired, _step_targets, _sync_targets
 from benchmarks.run import main
 
 
@@ -33,7 +35,11 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     assert "`sentinel` step time / plain, mlp-fp16" in page
     assert "| loop | plain+norm | sentinel |" in page  # the floor beside what it bounds
     assert "| start-up of `nandoctor lint train.py` (one training script) |" in page
-    assert results.read_text().startswith("{")
+    figures = json.loads(results.read_text())
+    for name in ("time_to_diagnosis", "time_to_verified_diagnosis"):
+        ratios = figures[name]["ratios"]  # side by side, pair by pair
+        assert len(ratios) == DIAGNOSIS_REPEATS
+        assert figures[name]["ratio"] == statistics.median(ratios)
 
 
 def _step(sentinel: float, floor: float) -> dict:
@@ -105,3 +111,9 @@ def test_the_targets_show_each_median_with_its_interval_and_say_which_misses_are
     text = "\n".join(_missed([step]))
     assert "the 95% interval reaches down to the target for `guard` on mlp-fp32: those" in text
     assert "`sentinel` on mlp-fp32" not in text.split("Of these")[1]
+
+
+def test_a_time_to_diagnosis_shows_the_median_of_its_pairs_with_their_range():
+    assert _paired({"ratio": 1.2, "ratios": [1.1, 1.2, 1.4]}) == "1.20x (1.10–1.40)"
+    assert _paired({"ratio": 1.2, "ratios": [1.2]}) == "1.20x"  # one pair: no range
+    assert _paired({"ratio": 1.2}) == "1.20x"  # results from before the pairs
