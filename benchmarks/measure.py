@@ -22,7 +22,7 @@ from benchmarks.workloads import Workload
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.localize.tracer import Tracer
 from nandoctor.report.types import Report
-from nandoctor.runtime.snapshot import SnapshotStore, state_bytes
+from nandoctor.runtime.snapshot import AUTO_MAX_EVERY, SnapshotStore, state_bytes
 from nandoctor.runtime.step import run_step
 from nandoctor.runtime.tensors import tensor_bytes
 from nandoctor.setup.load import LoadedConfig
@@ -361,7 +361,15 @@ class SnapshotMemory:
         return (self.snapshots_mb - self.batches_mb) / self.state_mb
 
 
-def snapshot_memory(workload: Workload, size: str, device: str, steps: int = 24) -> SnapshotMemory:
+# NB: the store at its largest: two full periods of the longest auto period (with fewer
+# steps, 24 at a period of 32, it held the first snapshots only, taken before the
+# optimizer had its state, and read 0.34x)
+STORE_STEPS = 2 * AUTO_MAX_EVERY + 2
+
+
+def snapshot_memory(
+    workload: Workload, size: str, device: str, steps: int = STORE_STEPS
+) -> SnapshotMemory:
     loaded = workload.config(size, steps, device)
     session = build_session(loaded)
     store = SnapshotStore(session)
@@ -453,14 +461,16 @@ def start_up(workload: Workload, size: str, repeats: int) -> StartUp:
     return StartUp(workload.name, importlib.metadata.version("typer"), **spreads)
 
 
-def peak_memory(workload: Workload, size: str, device: str, steps: int = 40) -> dict[str, float]:
+def peak_memory(
+    workload: Workload, size: str, device: str, steps: int = STORE_STEPS
+) -> dict[str, float]:
     """Peak resident memory (MiB) of a fresh process stepping the plain loop, and one
     stepping what `diagnose` runs (sentinel and snapshots): the snapshots' real cost."""
     import subprocess
     import sys
     from pathlib import Path
 
-    out = {}
+    out = {"steps": float(steps)}
     root = Path(__file__).resolve().parent.parent
     for mode in ("plain", "sentinel+snapshots"):
         code = (

@@ -463,7 +463,7 @@ def _peak(peak: dict | None) -> list[str]:
         return []
     plain, ours = peak["plain"], peak["sentinel+snapshots"]
     return [
-        f"Peak resident memory of a fresh process running 40 steps: plain loop {plain:.0f} MiB,",
+        f"Peak resident memory of a fresh process running {int(peak.get('steps', 40))} steps: plain loop {plain:.0f} MiB,",  # noqa: E501
         f"sentinel and snapshots {ours:.0f} MiB ({ours - plain:+.0f} MiB, snapshots included).",
         "",
     ]

@@ -36,6 +36,8 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     assert "| loop | plain+norm | sentinel |" in page  # the floor beside what it bounds
     assert "| start-up of `nandoctor lint train.py` (one training script) |" in page
     figures = json.loads(results.read_text())
+    # the store measured at its largest: two snapshots of the whole state, Adam's included
+    assert figures["snapshot_memory"]["ratio"] > 1.0
     for name in ("time_to_diagnosis", "time_to_verified_diagnosis"):
         ratios = figures[name]["ratios"]  # side by side, pair by pair
         assert len(ratios) == DIAGNOSIS_REPEATS
