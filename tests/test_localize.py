@@ -524,3 +524,30 @@ def test_the_batchs_copy_to_the_device_is_the_batch_not_an_origin_of_its_own():
     assert (tracer.finding.phase, tracer.finding.tensor) == (Phase.INPUT, "input:0")
     assert [o.finding.op for o in tracer.origins.born] == [None]  # the batch alone
     assert tracer.transients == []
+
+
+def _replayed(project, **overrides):
+    """Step 14's batch holds a NaN; snapshots every 4 steps (the newest reaching step 13
+    is step 12, the oldest kept step 8): the replay of step 14, after the fast run."""
+    config = base_config(steps=16, data_args={"batches": 16, "nan_at": 14}, **overrides)
+    session = build_session(load_config(project(config)))
+    store = SnapshotStore(session, every=4)
+    for step, batch in itertools.islice(session.batches, 15):
+        store.before_step(step, batch)
+        run_step(session, step, batch, Probe())
+    return localize(session, store, 14, SessionSteps(session))
+
+
+def test_the_replay_starts_at_the_newest_snapshot_before_the_bad_step(project):
+    located = _replayed(project)
+    assert located.from_step == 12  # two steps re-run, not six from the oldest snapshot
+    assert located.finding.evidence.update.step == 13  # the update just before the failure
+
+
+def test_a_replay_looks_further_back_when_no_step_since_the_snapshot_moved_the_weights(project):
+    """From step 10 the learning rate is 0: steps 12 and 13 move nothing, so the last
+    update that did, step 9's, is measured from the oldest kept snapshot."""
+    zero_from_10 = {"name": "MultiStepLR", "milestones": [10], "gamma": 0.0}
+    located = _replayed(project, scheduler=zero_from_10)
+    assert located.from_step == 8
+    assert located.finding.evidence.update.step == 9

@@ -177,16 +177,29 @@ def _replay(
     light: bool = False,
 ) -> Localization:
     kept = store.rewind_for_replay(step)
-    updates = UpdateTracker(objects)
-    for s, batch in kept[:-1]:  # re-run the steps in between, measuring their updates
-        updates.before()
-        steps.run(s, batch)
-        updates.after(s)
+    updates = _rerun(objects, steps, kept[:-1])
+    if updates.latest is None and store.reaches_further_back(kept[0][0], step - 1):
+        # NB: no step since the newest snapshot moved the weights (a streak of scaler
+        # skips): the last update that did lies further back
+        kept = store.rewind_for_replay(step, earliest=True)
+        updates = _rerun(objects, steps, kept[:-1])
     note = set_loss_scale(objects, loss_scale)
     tracer = Tracer(objects, light=light)
     with tracer:
         steps.run(step, kept[-1][1], tracer)
     return localization_of(tracer, step, kept[0][0], updates.latest, started, note)
+
+
+def _rerun(
+    objects: TrainingObjects, steps: StepRunner, kept: list[tuple[int, object]]
+) -> UpdateTracker:
+    """Re-run the steps from a snapshot up to the bad one, measuring their updates."""
+    updates = UpdateTracker(objects)
+    for s, batch in kept:
+        updates.before()
+        steps.run(s, batch)
+        updates.after(s)
+    return updates
 
 
 def set_loss_scale(objects: TrainingObjects, loss_scale: float | None) -> str | None:

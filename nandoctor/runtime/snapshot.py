@@ -214,15 +214,21 @@ class SnapshotStore:
         snapshot.restore(self.objects)
         return [(s, self._batches[s]) for s in range(snapshot.step, step + 1)]
 
-    def rewind_for_replay(self, step: int) -> list[tuple[int, Any]]:
-        """Rewind as far back as the kept snapshots reach (the steps before `step` are
-        replayed too, so their updates can be measured); never past `start_step`."""
+    def rewind_for_replay(self, step: int, *, earliest: bool = False) -> list[tuple[int, Any]]:
+        """Rewind to the newest snapshot that reaches the step before `step` (with
+        `earliest`, as far back as the kept snapshots reach), so that at least the step
+        before is replayed too and its update measured; never past `start_step`."""
         if step > self.objects.start_step:
             try:
-                return [*self.rewind_to(step - 1, earliest=True), self.batch_at(step)]
+                return [*self.rewind_to(step - 1, earliest=earliest), self.batch_at(step)]
             except LookupError:
                 pass
         return self.rewind_to(step)
+
+    def reaches_further_back(self, first: int, step: int) -> bool:
+        """Whether a kept snapshot older than step `first` also reaches `step`."""
+        oldest = self._earliest_reaching(step)
+        return oldest is not None and oldest.step < first
 
     def resume_point(self, step: int) -> StateSnapshot | None:
         """The newest kept state at or before `step`: where a run can resume from to reach
