@@ -241,9 +241,14 @@ def _step_targets(steps: list[dict]) -> list[tuple[str, str, str, bool]]:
 
 def _with_interval(r: dict) -> str:
     """The median, and its 95% confidence interval where the results have one."""
-    if "ci_low" not in r:
-        return f"{r['median']:.3f}x"
-    return f"{r['median']:.3f}x ({r['ci_low']:.3f}–{r['ci_high']:.3f})"
+    interval = (r["ci_low"], r["ci_high"]) if "ci_low" in r else None
+    return _times(r["median"], interval, 3)
+
+
+def _times(ratio: float, around: tuple[float, float] | None, digits: int) -> str:
+    """A ratio as the page writes it, with the interval or range around it, if any."""
+    text = f"{ratio:.{digits}f}x"
+    return text if around is None else f"{text} ({around[0]:.{digits}f}–{around[1]:.{digits}f})"
 
 
 def _sync_targets(reads: dict[str, dict[str, float]]) -> list[tuple[str, str, str, bool]]:
@@ -269,9 +274,7 @@ def _verified_target(v: dict | None) -> list[tuple[str, str, str, bool]]:
 def _paired(d: dict) -> str:
     """A time-to-diagnosis ratio: the median of its pairs', with their range."""
     ratios = d.get("ratios") or []
-    if len(ratios) < 2:
-        return f"{d['ratio']:.2f}x"
-    return f"{d['ratio']:.2f}x ({min(ratios):.2f}–{max(ratios):.2f})"
+    return _times(d["ratio"], (min(ratios), max(ratios)) if len(ratios) > 1 else None, 2)
 
 
 def _pairs_note(d: dict) -> list[str]:
