@@ -11,6 +11,7 @@ import torch
 from nandoctor.runtime.tensors import (
     host_copy,
     host_square_sums,
+    iter_tensors,
     square_sums,
     tensor_norms,
     total_norm,
@@ -137,8 +138,8 @@ BATCHES = {
 def test_a_kept_batch_is_a_private_copy_of_the_same_shape_that_later_writes_leave_alone(batch):
     kept = host_copy(batch)
     assert type(kept) is type(batch)
-    originals = _tensors(batch)
-    copies = _tensors(kept)
+    originals = list(iter_tensors(batch))
+    copies = list(iter_tensors(kept))
     assert len(copies) == len(originals)
     for original, copy in zip(originals, copies, strict=True):
         assert copy.data_ptr() != original.data_ptr()
@@ -149,13 +150,3 @@ def test_a_kept_batch_is_a_private_copy_of_the_same_shape_that_later_writes_leav
             original.add_(1)  # the loss, or the data pipeline, writing in place
     for original, copy in zip(originals, copies, strict=True):
         torch.testing.assert_close(copy + 1, original.detach())
-
-
-def _tensors(obj: object) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
