@@ -4,6 +4,7 @@ the report names the step, the phase and the rank where the NaN was born."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -121,3 +122,55 @@ def test_a_rank_that_raises_ends_the_job_with_exit_3_and_its_error(tmp_path):
     assert proc.returncode == 3
     assert "rank 1: data raised RuntimeError: rank 1 could not read batch 3" in proc.stderr
     assert report is None  # no half-written report
+
+
+AGREE_SCRIPT = """
+import os
+import types
+import torch
+import torch.distributed as dist
+from torch import nn
+import nandoctor.runtime.snapshot as snapshot
+from nandoctor.setup.distributed import Ranks
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ranks = Ranks(rank, 2, rank, torch.device("cpu"))
+model = nn.Linear(8, 4 if rank == 0 else 6)  # unequal states, as uneven shards are
+optimizer = torch.optim.Adam(model.parameters())
+objects = types.SimpleNamespace(
+    model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu")
+)
+# one step between snapshots per 20 bytes: the ranks' states ask for periods within bounds
+snapshot.AUTO_BYTES_PER_STEP = 20
+alone = snapshot.SnapshotStore(objects)
+agreed = snapshot.SnapshotStore(objects, agree=ranks.largest)
+for step in range(3):
+    batch = torch.randn(2, 8)
+    alone.before_step(step, batch)
+    agreed.before_step(step, batch)
+    model(batch).sum().backward()
+    optimizer.step()
+print(f"rank {rank}: alone {alone.every}, agreed {agreed.every}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+os._exit(0)  # NB: see the FSDP snapshot test: gloo's teardown may abort on a loaded machine
+"""
+
+
+@pytest.mark.slow
+def test_ranks_whose_states_differ_in_size_snapshot_at_the_same_steps(tmp_path):
+    """Each rank's `auto` period follows its own state (FSDP's shards are uneven) and
+    batches; ranks snapshotting at different steps would rewind a replay to different
+    steps, and its collectives would hang. Every rank takes the largest period."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE_SCRIPT)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    proc = run_job([*launch, str(script)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = dict(re.findall(r"rank (\d): (.*)", proc.stdout))
+    (alone0, agreed0), (alone1, agreed1) = (
+        [int(n) for n in re.findall(r"\d+", said[r])] for r in ("0", "1")
+    )
+    assert alone0 < alone1  # the ranks' own periods differ...
+    assert agreed0 == agreed1 == alone1  # ...and both take the larger

@@ -80,7 +80,12 @@ def diagnose(
         require_comparable(options.baseline, options.baseline_path or "", environment)
     if on_session is not None:
         on_session(session)
-    store = SnapshotStore(session, every=loaded.config.snapshot.steps)
+    ranks = session.ranks
+    store = SnapshotStore(
+        session,
+        every=loaded.config.snapshot.steps,
+        agree=ranks.largest if ranks is not None else None,
+    )
     headroom = HeadroomProbe(session.model) if _measures(options) else None
     lrs = LrHistory()  # the rate each step ran with, for learning-rate-too-high
     deadline = time.perf_counter() + options.time_budget if options.time_budget else None

@@ -9,9 +9,10 @@ any step since then can be reached: restore the snapshot, re-run the steps up to
 Policy: `every: auto` snapshots every K steps: K grows with the bytes to copy, so the
 copy stays a small part of a step, but never so far that the batches kept since the
 older snapshot (two periods' worth) outgrow `AUTO_BATCH_BUDGET` or the state itself,
-whichever is larger (large batches beside a large state: an image model's); `every: N`
-forces it. Buffers are allocated once and reused, so capturing costs a copy, not an
-allocation.
+whichever is larger (large batches beside a large state: an image model's); in a
+data-parallel job every rank takes the largest of the ranks' K (their shards and batches
+differ in size); `every: N` forces it. Buffers are allocated once and reused, so
+capturing costs a copy, not an allocation.
 
 Snapshots read the training objects through `TrainingObjects`, so the same store serves
 `diagnose`'s session and a `Guard`'s hooked run.
@@ -23,6 +24,7 @@ import copy
 import math
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,9 +170,19 @@ def _cloned(obj: Any) -> Any:
 class SnapshotStore:
     """The snapshots and batches that let any recent step be replayed."""
 
-    def __init__(self, objects: TrainingObjects, every: int | None = None) -> None:
+    def __init__(
+        self,
+        objects: TrainingObjects,
+        every: int | None = None,
+        *,
+        agree: Callable[[int], int] | None = None,
+    ) -> None:
         self.objects = objects
         self.every = every  # None: decided from the state's size (`auto`)
+        # NB: in a data-parallel job, each rank's `auto` period from its own shards and
+        # batches, made the job's (the largest): ranks that snapshot at different steps
+        # would rewind a replay to different steps, and its collectives would hang
+        self.agree = agree
         self._snapshots: list[StateSnapshot] = []
         self._spare: list[StateSnapshot] = []
         self._pinned: StateSnapshot | None = None
@@ -261,7 +273,8 @@ class SnapshotStore:
             batch = max((tensor_bytes(b) for b in self._batches.values()), default=0)
             if batch:  # NB: two periods of batches are kept
                 period = min(period, max(size, AUTO_BATCH_BUDGET) // (2 * batch))
-            self.every = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
+            period = max(AUTO_MIN_EVERY, min(AUTO_MAX_EVERY, period))
+            self.every = self.agree(period) if self.agree is not None else period
         return self.every
 
     def _capture(self, step: int) -> None:

@@ -82,6 +82,12 @@ class Ranks:
         dist.all_reduce(table)
         return table
 
+    def largest(self, value: int) -> int:
+        """The largest of every rank's `value` (every rank must call it, at the same point)."""
+        out = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return int(out.item())
+
     def leave(self) -> None:
         leave()
 
