@@ -221,17 +221,25 @@ DIAGNOSIS_REPEATS = 3  # (plain loop, diagnose) pairs behind each time-to-diagno
 
 
 @dataclass
-class DiagnosisTime:
+class _TimeToAnswer:
+    """Diagnose next to the plain loop reaching the failing step, pair by pair."""
+
     failing_step: int
     plain_s: float  # the plain loop reaching (and running) the failing step: the median
-    nandoctor_s: float  # diagnose, verification excluded (fast run, replay, causes): the median
-    anomaly_s: float | None  # anomaly mode from the start until it raises
+    nandoctor_s: float  # diagnose: the median
     found: str  # what nandoctor reported
     ratios: list[float]  # diagnose / plain, pair by pair
 
     @property
     def ratio(self) -> float:
         return statistics.median(self.ratios)
+
+
+@dataclass
+class DiagnosisTime(_TimeToAnswer):
+    """Verification excluded (fast run, replay, causes); anomaly mode beside it."""
+
+    anomaly_s: float | None = None  # anomaly mode from the start until it raises
 
 
 def time_to_diagnosis(
@@ -240,23 +248,14 @@ def time_to_diagnosis(
     loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
     pairs = _beside_plain(loaded, failing_step, DiagnoseOptions(verify=False))
     anomaly = _timed(lambda: _loop_until(loaded, failing_step, anomaly=True))
-    return DiagnosisTime(
-        failing_step, pairs.plain_s, pairs.nandoctor_s, anomaly, _found(pairs.report), pairs.ratios
-    )
+    return DiagnosisTime(**pairs.fields(failing_step), anomaly_s=anomaly)
 
 
 @dataclass
-class VerifiedTime:
-    failing_step: int
-    plain_s: float  # the plain loop reaching (and running) the failing step: the median
-    nandoctor_s: float  # diagnose with every applicable fix replayed: the median
-    found: str  # what nandoctor reported
-    verdicts: list[str]  # per cause: its id, and its verification sentence
-    ratios: list[float]  # diagnose / plain, pair by pair
+class VerifiedTime(_TimeToAnswer):
+    """Every applicable fix replayed."""
 
-    @property
-    def ratio(self) -> float:
-        return statistics.median(self.ratios)
+    verdicts: list[str] = field(default_factory=list)  # per cause: id and verification
 
 
 def time_to_verified_diagnosis(
@@ -268,9 +267,7 @@ def time_to_verified_diagnosis(
     options = DiagnoseOptions(verify=True, verify_budget=float("inf"))
     pairs = _beside_plain(loaded, failing_step, options)
     verdicts = [f"{c.id}: {c.verification}" for c in pairs.report.causes]
-    return VerifiedTime(
-        failing_step, pairs.plain_s, pairs.nandoctor_s, _found(pairs.report), verdicts, pairs.ratios
-    )
+    return VerifiedTime(**pairs.fields(failing_step), verdicts=verdicts)
 
 
 @dataclass
@@ -279,6 +276,16 @@ class _Pairs:
     nandoctor_s: float
     ratios: list[float]
     report: Report
+
+    def fields(self, failing_step: int) -> dict[str, Any]:
+        """`_TimeToAnswer`'s fields."""
+        return {
+            "failing_step": failing_step,
+            "plain_s": self.plain_s,
+            "nandoctor_s": self.nandoctor_s,
+            "found": _found(self.report),
+            "ratios": self.ratios,
+        }
 
 
 def _beside_plain(loaded: LoadedConfig, failing_step: int, options: DiagnoseOptions) -> _Pairs:
