@@ -24,7 +24,6 @@ from nandoctor.localize.tracer import Tracer
 from nandoctor.report.types import Report
 from nandoctor.runtime.snapshot import AUTO_MAX_EVERY, SnapshotStore, state_bytes
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import tensor_bytes
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import build_session
 
@@ -383,10 +382,9 @@ def snapshot_memory(
     for step, batch in itertools.islice(session.batches, steps):
         store.before_step(step, batch)
         plain_step(session, batch)
-    batch_bytes = tensor_bytes(list(store._batches.values()))
     mb = 2**20
     return SnapshotMemory(
-        state_bytes(session) / mb, store.nbytes / mb, batch_bytes / mb, store.every or 0
+        state_bytes(session) / mb, store.nbytes / mb, store.batch_nbytes / mb, store.every or 0
     )
 
 

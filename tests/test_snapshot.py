@@ -148,6 +148,23 @@ def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_p
     assert probe.seen[2][0] == probe.seen[2][1]
 
 
+def test_batches_laid_out_alike_are_kept_in_the_buffers_of_those_no_longer_kept(
+    project, tmp_path
+):
+    """Every batch the run saw is kept as it came, in the buffers of one the store has
+    dropped: five batches' worth of buffers (2K+1 at `every: 2`) over twelve steps."""
+    session = session_of(project, tmp_path, loss="dropout.py:mutating_loss")
+    store, buffers = SnapshotStore(session, every=2), set()
+    for step, batch in itertools.islice(session.batches, 12):
+        came = [t.clone() for t in batch]
+        store.before_step(step, batch)
+        run_step(session, step, batch, Probe())  # the loss doubles its batch in place
+        kept = store.batch_at(step)[1]
+        assert all(torch.equal(k, c) for k, c in zip(kept, came, strict=True))
+        buffers |= {t.data_ptr() for t in kept}
+    assert len(buffers) == 5 * 2  # five (x, y) batches
+
+
 def test_a_pinned_snapshot_outlives_the_ring(project, tmp_path):
     session = session_of(project, tmp_path)
     store, probe = SnapshotStore(session, every=1), Losses()
@@ -163,11 +180,13 @@ def test_a_pinned_snapshot_outlives_the_ring(project, tmp_path):
 
 
 def test_memory_is_two_states_plus_the_batches(project, tmp_path):
+    """Two snapshots, the batches since the older one (2 at `every: 1`), and the copy of
+    the batch dropped last, whose buffers the next step's copy reuses."""
     session = session_of(project, tmp_path)
     store = SnapshotStore(session, every=1)
     run(session, store, Probe(), 6)
     batch_bytes = sum(t.numel() * t.element_size() for t in session.batches.first_epoch()[0])
-    assert store.nbytes <= 2 * state_bytes(session) + 2 * batch_bytes
+    assert store.nbytes <= 2 * state_bytes(session) + 3 * batch_bytes
 
 
 def test_every_replay_of_a_step_sees_its_batch_as_the_run_did(project, tmp_path):

@@ -12,6 +12,7 @@ from nandoctor.runtime.tensors import (
     host_copy,
     host_square_sums,
     iter_tensors,
+    refill,
     square_sums,
     tensor_norms,
     total_norm,
@@ -150,3 +151,44 @@ def test_a_kept_batch_is_a_private_copy_of_the_same_shape_that_later_writes_leav
             original.add_(1)  # the loss, or the data pipeline, writing in place
     for original, copy in zip(originals, copies, strict=True):
         torch.testing.assert_close(copy + 1, original.detach())
+
+
+ALIKE = {
+    "a tuple of tensors": lambda: (torch.randn(4, 3), torch.arange(4)),
+    "a dict of tensors": lambda: {"input_ids": torch.arange(6).view(2, 3), "x": torch.randn(2)},
+    "a transposed tensor": lambda: [torch.randn(3, 5).t()],
+}
+
+
+@pytest.mark.parametrize("make", ALIKE.values(), ids=ALIKE.keys())
+def test_a_batch_laid_out_as_a_kept_one_is_copied_into_its_buffers(make):
+    kept, batch = host_copy(make()), make()
+    buffers = [t.data_ptr() for t in iter_tensors(kept)]
+    assert refill(kept, batch)
+    assert [t.data_ptr() for t in iter_tensors(kept)] == buffers  # no new allocation
+    for copy, original in zip(iter_tensors(kept), iter_tensors(batch), strict=True):
+        assert torch.equal(copy, original) and copy.stride() == original.stride()
+        assert copy.data_ptr() != original.data_ptr()  # still a private copy
+
+
+UNLIKE = {
+    "another shape": ((torch.randn(4, 3),), (torch.randn(5, 3),)),
+    "another dtype": ((torch.randn(4),), (torch.randn(4).double(),)),
+    "other strides": ((torch.randn(3, 3),), (torch.randn(3, 3).t(),)),
+    "another length": ((torch.randn(2),), (torch.randn(2), torch.randn(2))),
+    "another container": ((torch.randn(2),), [torch.randn(2)]),
+    "keys in another order": ({"a": torch.randn(2), "b": torch.randn(2)},) * 2,
+    "a value that is not a tensor": ((torch.randn(2), 0.5), (torch.randn(2), 0.5)),
+    "a tensor that requires grad": ((torch.randn(2),), (torch.randn(2, requires_grad=True),)),
+    "a nested batch": (((torch.randn(2),),), ((torch.randn(2),),)),
+}
+
+
+@pytest.mark.parametrize(("first", "then"), UNLIKE.values(), ids=UNLIKE.keys())
+def test_a_batch_laid_out_otherwise_leaves_the_kept_one_as_it_was(first, then):
+    if isinstance(then, dict):  # the same keys, in another order
+        then = dict(reversed(list(then.items())))
+    kept = host_copy(first)
+    values = [t.clone() for t in iter_tensors(kept)]
+    assert not refill(kept, then)
+    assert all(torch.equal(a, b) for a, b in zip(iter_tensors(kept), values, strict=True))

@@ -33,7 +33,14 @@ from torch import Tensor
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local, tensor_bytes
+from nandoctor.runtime.tensors import (
+    MEMORY_ERRORS,
+    host_copy,
+    iter_tensors,
+    local,
+    refill,
+    tensor_bytes,
+)
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 32  # ...at least this many (a copy of a small model's state costs about
@@ -187,6 +194,8 @@ class SnapshotStore:
         self._spare: list[StateSnapshot] = []
         self._pinned: StateSnapshot | None = None
         self._batches: dict[int, Any] = {}
+        self._copied: set[int] = set()  # steps whose kept batch is the store's own copy
+        self._spare_batches: list[Any] = []  # such copies no longer kept: buffers to reuse
         self.out_of_memory = False  # snapshots stopped: no memory left to keep them
 
     def before_step(self, step: int, batch: Any, *, copied: bool = False) -> None:
@@ -195,18 +204,29 @@ class SnapshotStore:
         if self.out_of_memory:
             return
         try:
-            self._batches[step] = batch if copied else host_copy(batch)
+            self._batches[step] = batch if copied else self._copy(step, batch)
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
                 self._capture(step)
                 self._forget_old_batches()  # NB: only a capture (or unpin) makes batches old
         except MEMORY_ERRORS:
             self._give_up()
 
+    def _copy(self, step: int, batch: Any) -> Any:
+        """A private host copy of `batch`: into the buffers of a batch no longer kept when
+        it is laid out alike (`tensors.refill`), else a new one."""
+        self._copied.add(step)
+        if self._spare_batches:
+            spare = self._spare_batches.pop()
+            if refill(spare, batch):
+                return spare
+        return host_copy(batch)
+
     def _give_up(self) -> None:
         """Out of host memory for snapshots: keep none, free their buffers, and let the
         run go on unwatched by replays (a replay then says it cannot rewind)."""
         self.out_of_memory = True
         self._snapshots, self._spare, self._pinned, self._batches = [], [], None, {}
+        self._copied, self._spare_batches = set(), []
 
     def pin(self, step: int) -> None:
         """Keep the snapshot that reaches `step` until `unpin` (a scaler streak began)."""
@@ -260,8 +280,12 @@ class SnapshotStore:
     @property
     def nbytes(self) -> int:
         kept = {id(s): s for s in [*self._snapshots, self._pinned] if s is not None}
-        batch_bytes = tensor_bytes(list(self._batches.values()))
-        return sum(s.nbytes for s in kept.values()) + batch_bytes
+        return sum(s.nbytes for s in kept.values()) + self.batch_nbytes
+
+    @property
+    def batch_nbytes(self) -> int:
+        """Bytes of the batches kept, and of the copies waiting to be reused."""
+        return tensor_bytes([*self._batches.values(), *self._spare_batches])
 
     def _every(self) -> int:
         if self.every is None:
@@ -298,10 +322,18 @@ class SnapshotStore:
         return min(reaching, key=lambda s: s.step, default=None)
 
     def _forget_old_batches(self) -> None:
+        """Drop the batches no kept snapshot reaches; the store's own copies among them
+        are the next steps' buffers (NB: replacing the spares of the last time, left over
+        because the batches changed layout: the spares never outnumber the batches the
+        store kept before)."""
         kept = [s.step for s in [*self._snapshots, self._pinned] if s is not None]
         oldest = min(kept, default=0)
-        for s in [s for s in self._batches if s < oldest]:
+        old = [s for s in self._batches if s < oldest]
+        if old:
+            self._spare_batches = [self._batches[s] for s in old if s in self._copied]
+        for s in old:
             del self._batches[s]
+            self._copied.discard(s)
 
 
 def state_bytes(objects: TrainingObjects) -> int:
