@@ -148,9 +148,7 @@ def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_p
     assert probe.seen[2][0] == probe.seen[2][1]
 
 
-def test_batches_laid_out_alike_are_kept_in_the_buffers_of_those_no_longer_kept(
-    project, tmp_path
-):
+def test_batches_laid_out_alike_are_kept_in_the_buffers_of_those_no_longer_kept(project, tmp_path):
     """Every batch the run saw is kept as it came, in the buffers of one the store has
     dropped: five batches' worth of buffers (2K+1 at `every: 2`) over twelve steps."""
     session = session_of(project, tmp_path, loss="dropout.py:mutating_loss")

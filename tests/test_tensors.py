@@ -3,6 +3,7 @@ whatever the tensors are, and the private copies of the batches the snapshots ke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -171,6 +172,12 @@ def test_a_batch_laid_out_as_a_kept_one_is_copied_into_its_buffers(make):
         assert copy.data_ptr() != original.data_ptr()  # still a private copy
 
 
+@dataclasses.dataclass
+class Pair:
+    x: torch.Tensor
+    y: torch.Tensor
+
+
 UNLIKE = {
     "another shape": ((torch.randn(4, 3),), (torch.randn(5, 3),)),
     "another dtype": ((torch.randn(4),), (torch.randn(4).double(),)),
@@ -181,6 +188,7 @@ UNLIKE = {
     "a value that is not a tensor": ((torch.randn(2), 0.5), (torch.randn(2), 0.5)),
     "a tensor that requires grad": ((torch.randn(2),), (torch.randn(2, requires_grad=True),)),
     "a nested batch": (((torch.randn(2),),), ((torch.randn(2),),)),
+    "a batch of another kind": (Pair(torch.randn(2), torch.randn(2)),) * 2,
 }
 
 

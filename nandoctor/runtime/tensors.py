@@ -118,6 +118,7 @@ def host_copy(batch: Any) -> Any:
 
 
 _FLAT = (tuple, list)
+_REFILLED = (*_FLAT, dict)
 
 
 def refill(kept: Any, batch: Any) -> bool:
@@ -130,7 +131,7 @@ def refill(kept: Any, batch: Any) -> bool:
     longer kept, instead of allocating a new copy every step: a fresh 100 KB image batch a
     step cost ~2% of the benchmark convnet's 7 ms step in situ, and a large batch faults
     in its pages again every step."""
-    if type(kept) is not type(batch) or len(kept) != len(batch):
+    if type(batch) not in _REFILLED or type(kept) is not type(batch) or len(kept) != len(batch):
         return False
     if type(batch) in _FLAT:
         pairs = list(zip(kept, batch, strict=True))
