@@ -67,6 +67,24 @@ def test_guard_step_catches_an_input_nan_at_its_exact_step():
     assert guard.report is report
 
 
+def test_guard_step_replays_from_kept_steps_whose_buffers_were_reused():
+    """With a snapshot every 2 steps, the steps kept before step 9 were copied into the
+    buffers of dropped ones; a step that edits its batch in place changes none of them."""
+    model, optimizer, batches, train_step = tiny_loop(nan_at=9, steps=12)
+
+    def editing_step(batch):
+        out = train_step(batch)
+        batch[0].mul_(0.5)  # after its use: only a replay could see the edit
+        return out
+
+    guard = Guard(model, optimizer, snapshot_every=2)
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(guard, editing_step, batches)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (9, "input", "input:0")
+    assert first.reproduced is True and first.count_nonfinite == 1
+
+
 def test_in_a_jupyter_cell_the_guard_and_its_error_show_the_report():
     model, optimizer, batches, train_step = tiny_loop(nan_at=3)
     guard = Guard(model, optimizer)

@@ -117,7 +117,9 @@ class Guard:
             return fn(*args, **kwargs)  # the guard has spoken; it no longer watches
         self._leave_hooked_mode()
         step = self._next
-        self._snapshots().before_step(step, KeptStep.of(fn, args, kwargs), copied=True)
+        store = self._snapshots()
+        kept = KeptStep.of(fn, args, kwargs, reuse=store.spare_batch())
+        store.before_step(step, kept, copied=True)
         hooks = StepHooks(
             self.run, self.sentinel, model=self.run.model, explicit=True, start_step=step
         )

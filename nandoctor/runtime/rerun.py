@@ -22,7 +22,7 @@ from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import call_inputs, host_copy
+from nandoctor.runtime.tensors import call_inputs, copy_into, host_copy
 from nandoctor.setup.session import Session
 
 StepFn = Callable[..., Any]
@@ -50,7 +50,8 @@ class SessionSteps:
 @dataclass(frozen=True)
 class KeptStep:
     """A step's function and its arguments in host memory, with each tensor's device.
-    Never mutated, so copies share it; the snapshot store keeps it as it is
+    Never mutated while it is kept, so copies share it (once the store drops it, a later
+    step's `of` may refill its tensors); the snapshot store keeps it as it is
     (`copied=True`: walking it would copy its tensors twice), each replay gets fresh
     copies of its arguments."""
 
@@ -60,10 +61,16 @@ class KeptStep:
     spec: Any
 
     @classmethod
-    def of(cls, fn: StepFn, args: tuple, kwargs: dict) -> KeptStep:
+    def of(cls, fn: StepFn, args: tuple, kwargs: dict, reuse: Any = None) -> KeptStep:
+        """`reuse`: a kept step no longer kept (`SnapshotStore.spare_batch`); each of its
+        tensors laid out as this step's takes its values (no new host memory a step)."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         devices = tuple(t.device if isinstance(t, torch.Tensor) else None for t in leaves)
-        return cls(fn, tuple(_host(t) for t in leaves), devices, spec)
+        if isinstance(reuse, KeptStep) and reuse.spec == spec and reuse.devices == devices:
+            kept = tuple(_host_into(old, t) for old, t in zip(reuse.leaves, leaves, strict=True))
+        else:
+            kept = tuple(_host(t) for t in leaves)
+        return cls(fn, kept, devices, spec)
 
     def arguments(self) -> tuple[tuple, dict]:
         """Fresh copies on the original devices (the step may modify its inputs)."""
@@ -104,6 +111,12 @@ def named_batch(args: tuple, kwargs: dict) -> Any:
     """What the report calls the batch: the one argument, or all of them (by position and
     by name: `input:0`, `input:labels`)."""
     return args[0] if len(args) == 1 and not kwargs else call_inputs(args, kwargs)
+
+
+def _host_into(old: Any, t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and copy_into(old, t):
+        return old
+    return _host(t)
 
 
 def _host(t: Any) -> Any:

@@ -194,39 +194,40 @@ class SnapshotStore:
         self._spare: list[StateSnapshot] = []
         self._pinned: StateSnapshot | None = None
         self._batches: dict[int, Any] = {}
-        self._copied: set[int] = set()  # steps whose kept batch is the store's own copy
-        self._spare_batches: list[Any] = []  # such copies no longer kept: buffers to reuse
+        self._spare_batches: list[Any] = []  # copies no longer kept: buffers to reuse
         self.out_of_memory = False  # snapshots stopped: no memory left to keep them
 
     def before_step(self, step: int, batch: Any, *, copied: bool = False) -> None:
         """Keep `batch` (a private host copy of it, unless it is `copied` already: a
-        Guard's `KeptStep`) and, by the policy, the state the step starts from."""
+        Guard's `KeptStep`, made with `spare_batch()`'s buffers) and, by the policy, the
+        state the step starts from."""
         if self.out_of_memory:
             return
         try:
-            self._batches[step] = batch if copied else self._copy(step, batch)
+            self._batches[step] = batch if copied else self._copy(batch)
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
                 self._capture(step)
                 self._forget_old_batches()  # NB: only a capture (or unpin) makes batches old
         except MEMORY_ERRORS:
             self._give_up()
 
-    def _copy(self, step: int, batch: Any) -> Any:
+    def _copy(self, batch: Any) -> Any:
         """A private host copy of `batch`: into the buffers of a batch no longer kept when
         it is laid out alike (`tensors.refill`), else a new one."""
-        self._copied.add(step)
-        if self._spare_batches:
-            spare = self._spare_batches.pop()
-            if refill(spare, batch):
-                return spare
-        return host_copy(batch)
+        spare = self.spare_batch()
+        return spare if spare is not None and refill(spare, batch) else host_copy(batch)
+
+    def spare_batch(self) -> Any | None:
+        """A kept batch no kept snapshot reaches any more, whose buffers the caller may
+        overwrite (None if there is none): the store's own copy, or a `KeptStep`."""
+        return self._spare_batches.pop() if self._spare_batches else None
 
     def _give_up(self) -> None:
         """Out of host memory for snapshots: keep none, free their buffers, and let the
         run go on unwatched by replays (a replay then says it cannot rewind)."""
         self.out_of_memory = True
         self._snapshots, self._spare, self._pinned, self._batches = [], [], None, {}
-        self._copied, self._spare_batches = set(), []
+        self._spare_batches = []
 
     def pin(self, step: int) -> None:
         """Keep the snapshot that reaches `step` until `unpin` (a scaler streak began)."""
@@ -322,18 +323,14 @@ class SnapshotStore:
         return min(reaching, key=lambda s: s.step, default=None)
 
     def _forget_old_batches(self) -> None:
-        """Drop the batches no kept snapshot reaches; the store's own copies among them
-        are the next steps' buffers (NB: replacing the spares of the last time, left over
-        because the batches changed layout: the spares never outnumber the batches the
-        store kept before)."""
+        """Drop the batches no kept snapshot reaches: they are the next steps' buffers
+        (NB: replacing the spares of the last time, left over because the batches
+        changed layout: the spares never outnumber the batches the store kept before)."""
         kept = [s.step for s in [*self._snapshots, self._pinned] if s is not None]
         oldest = min(kept, default=0)
         old = [s for s in self._batches if s < oldest]
         if old:
-            self._spare_batches = [self._batches[s] for s in old if s in self._copied]
-        for s in old:
-            del self._batches[s]
-            self._copied.discard(s)
+            self._spare_batches = [self._batches.pop(s) for s in old]
 
 
 def state_bytes(objects: TrainingObjects) -> int:

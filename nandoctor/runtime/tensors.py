@@ -146,6 +146,16 @@ def refill(kept: Any, batch: Any) -> bool:
     return True
 
 
+def copy_into(kept: Any, t: torch.Tensor) -> bool:
+    """Copy `t`'s values into `kept`, a host copy of a tensor laid out alike (the same
+    shape, dtype and strides), and say whether it did (a CUDA tensor's copy is
+    non-blocking: into pinned memory, the caller's to wait for, as for a new copy)."""
+    if not _alike(kept, t):
+        return False
+    kept.copy_(t.detach(), non_blocking=t.is_cuda)
+    return True
+
+
 def _alike(kept: Any, t: torch.Tensor) -> bool:
     """NB: the same strides too: a replay computes on the layout the run saw (a clone of
     a dense tensor keeps its strides; of any other, it is contiguous, and differs)."""
