@@ -135,7 +135,7 @@ def refill(kept: Any, batch: Any) -> bool:
         return False
     if type(batch) in _FLAT:
         pairs = list(zip(kept, batch, strict=True))
-    elif type(batch) is dict and list(kept) == list(batch):
+    elif list(kept) == list(batch):  # NB: a dict (`_REFILLED`): the same keys, in order
         pairs = [(kept[key], value) for key, value in batch.items()]
     else:
         return False
