@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from torch import nn
+from transformers import BatchEncoding
 
 import nandoctor
 from nandoctor.errors import ExitCode, NandoctorError
@@ -82,6 +83,24 @@ def test_guard_step_replays_from_kept_steps_whose_buffers_were_reused():
         guarded(guard, editing_step, batches)
     first = caught.value.report.first_nonfinite
     assert (first.step, first.phase, first.tensor) == (9, "input", "input:0")
+    assert first.reproduced is True and first.count_nonfinite == 1
+
+
+def test_guard_step_replays_a_batch_encoding_the_step_took_apart_as_it_came():
+    """transformers' collators hand out `BatchEncoding`s, and a step often pops its labels
+    off the batch: each replay gets its own copy of the batch as the step first saw it."""
+    model, optimizer, batches, train_step = tiny_loop(nan_at=5)
+
+    def popping_step(batch):
+        labels = batch.pop("labels")
+        return train_step((batch["x"], labels))
+
+    guard = Guard(model, optimizer)
+    with pytest.raises(NonFiniteError) as caught:
+        for x, y in batches:
+            guard.step(popping_step, BatchEncoding({"x": x, "labels": y}))
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (5, "input", "input:x")
     assert first.reproduced is True and first.count_nonfinite == 1
 
 

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.utils import _pytree as pytree
 
 from nandoctor.errors import user_code
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import call_inputs, copy_into, host_copy
+from nandoctor.runtime.tensors import HostBuffers, call_inputs, host_copy, map_tensors
 from nandoctor.setup.session import Session
 
 StepFn = Callable[..., Any]
@@ -49,36 +48,47 @@ class SessionSteps:
 
 @dataclass(frozen=True)
 class KeptStep:
-    """A step's function and its arguments in host memory, with each tensor's device.
-    Never mutated while it is kept, so copies share it (once the store drops it, a later
-    step's `of` may refill its tensors); the snapshot store keeps it as it is
-    (`copied=True`: walking it would copy its tensors twice), each replay gets fresh
-    copies of its arguments."""
+    """A step's function and its arguments (`call`: args and kwargs) with their tensors in
+    host memory, and each tensor's device. Never mutated while it is kept, so copies share
+    it (once the store drops it, a later step's `of` may copy into its tensors); the
+    snapshot store keeps it as it is (`copied=True`: walking it would copy its tensors
+    twice), each replay gets fresh copies of its arguments.
+
+    The arguments are walked as a batch is (`tensors.map_tensors`: tuples, lists,
+    mappings such as transformers' `BatchEncoding`, dataclasses), each container rebuilt;
+    anything else (a model, a config) is kept as it is, as is a tensor that requires grad
+    (a parameter: the model's own state, which the snapshot restores)."""
 
     fn: StepFn
-    leaves: tuple[Any, ...]
-    devices: tuple[torch.device | None, ...]
-    spec: Any
+    call: tuple[tuple, dict]
+    devices: tuple[torch.device | None, ...]  # in `map_tensors`' order; None: kept as it is
 
     @classmethod
     def of(cls, fn: StepFn, args: tuple, kwargs: dict, reuse: Any = None) -> KeptStep:
-        """`reuse`: a kept step no longer kept (`SnapshotStore.spare_batch`); each of its
-        tensors laid out as this step's takes its values (no new host memory a step)."""
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        devices = tuple(t.device if isinstance(t, torch.Tensor) else None for t in leaves)
-        if isinstance(reuse, KeptStep) and reuse.spec == spec and reuse.devices == devices:
-            kept = tuple(_host_into(old, t) for old, t in zip(reuse.leaves, leaves, strict=True))
-        else:
-            kept = tuple(_host(t) for t in leaves)
-        return cls(fn, kept, devices, spec)
+        """`reuse`: a kept step no longer kept (`SnapshotStore.spare_batch`); its tensors
+        lend their buffers to this step's laid out alike (no new host memory a step)."""
+        buffers = HostBuffers(reuse.call if isinstance(reuse, KeptStep) else None)
+        devices: list[torch.device | None] = []
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            if t.requires_grad:
+                devices.append(None)
+                return t
+            devices.append(t.device)
+            return buffers.copy(t, _host)
+
+        call = map_tensors((args, kwargs), keep)
+        return cls(fn, call, tuple(devices))
 
     def arguments(self) -> tuple[tuple, dict]:
         """Fresh copies on the original devices (the step may modify its inputs)."""
-        leaves = [
-            t.to(d, copy=True) if isinstance(t, torch.Tensor) else t
-            for t, d in zip(self.leaves, self.devices, strict=True)
-        ]
-        return pytree.tree_unflatten(leaves, self.spec)
+        devices = iter(self.devices)
+
+        def fresh(t: torch.Tensor) -> torch.Tensor:
+            device = next(devices)
+            return t if device is None else t.to(device, copy=True)
+
+        return map_tensors(self.call, fresh)
 
     def __deepcopy__(self, memo: dict) -> KeptStep:
         return self
@@ -113,15 +123,7 @@ def named_batch(args: tuple, kwargs: dict) -> Any:
     return args[0] if len(args) == 1 and not kwargs else call_inputs(args, kwargs)
 
 
-def _host_into(old: Any, t: Any) -> Any:
-    if isinstance(t, torch.Tensor) and copy_into(old, t):
-        return old
-    return _host(t)
-
-
-def _host(t: Any) -> Any:
-    if not isinstance(t, torch.Tensor):
-        return t
+def _host(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     if t.device.type == "cuda":  # NB: pinned and non-blocking: no host sync on the fast path
         out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)

@@ -38,7 +38,6 @@ from nandoctor.runtime.tensors import (
     host_copy,
     iter_tensors,
     local,
-    refill,
     tensor_bytes,
 )
 
@@ -212,10 +211,9 @@ class SnapshotStore:
             self._give_up()
 
     def _copy(self, batch: Any) -> Any:
-        """A private host copy of `batch`: into the buffers of a batch no longer kept when
-        it is laid out alike (`tensors.refill`), else a new one."""
-        spare = self.spare_batch()
-        return spare if spare is not None and refill(spare, batch) else host_copy(batch)
+        """A private host copy of `batch`, in the buffers of a batch no longer kept where
+        laid out alike (`tensors.HostBuffers`)."""
+        return host_copy(batch, reuse=self.spare_batch())
 
     def spare_batch(self) -> Any | None:
         """A kept batch no kept snapshot reaches any more, whose buffers the caller may

@@ -104,56 +104,52 @@ def map_tensors(
     return other(obj)
 
 
-def host_copy(batch: Any) -> Any:
+def host_copy(batch: Any, reuse: Any = None) -> Any:
     """A private host copy of a batch: a user's loss may modify its batch in place, and a
-    kept batch must stay as the run saw it, replay after replay.
+    kept batch must stay as the run saw it, replay after replay. `reuse`: an earlier copy
+    no longer kept, whose buffers the copy's tensors take where laid out alike
+    (`HostBuffers`).
 
     NB: what cannot be copied is kept as it is: a meta tensor (no data), a lock or an open
     file in a batch field (deepcopy refuses them); the replay then sees the same object."""
+    buffers = HostBuffers(reuse)
     if type(batch) in _FLAT and all(_clones(t) for t in batch):
         # NB: the common batch, kept every step, where the caches are cold: the walk
         # below added 10-25 us to its copies in situ (6 ms steps, docs/performance.md)
-        return type(batch)([t.clone() for t in batch])
-    return map_tensors(batch, _tensor_copy, _leaf_copy)
+        return type(batch)([buffers.copy(t, torch.Tensor.clone) for t in batch])
+    return map_tensors(batch, lambda t: buffers.copy(t, _tensor_copy), _leaf_copy)
 
 
-_FLAT = (tuple, list)
-_REFILLED = (*_FLAT, dict)
-
-
-def refill(kept: Any, batch: Any) -> bool:
-    """Copy `batch`'s values into `kept`, an earlier `host_copy` of a batch laid out alike
-    (the same flat sequence, or dict with the same keys in the same order, of host tensors
-    outside autograd, each of the same shape, dtype and strides), and say whether it did;
-    `kept` is left as it was when they differ.
+class HostBuffers:
+    """The host tensors of a copy no longer kept (a batch, a step's arguments), lent in
+    order to the tensors of the next copy: each one laid out as the next of them (the same
+    shape, dtype and strides) is copied into its buffer, any other gets a new one.
 
     NB: so that a run whose batches are all alike keeps each in the buffers of one no
     longer kept, instead of allocating a new copy every step: a fresh 100 KB image batch a
-    step cost ~2% of the benchmark convnet's 7 ms step in situ, and a large batch faults
-    in its pages again every step."""
-    if type(batch) not in _REFILLED or type(kept) is not type(batch) or len(kept) != len(batch):
-        return False
-    if type(batch) in _FLAT:
-        pairs = list(zip(kept, batch, strict=True))
-    elif list(kept) == list(batch):  # NB: a dict (`_REFILLED`): the same keys, in order
-        pairs = [(kept[key], value) for key, value in batch.items()]
-    else:
-        return False
-    if not all(_clones(t) and _alike(k, t) for k, t in pairs):
-        return False
-    for k, t in pairs:
-        k.copy_(t)
-    return True
+    step cost ~2% of the benchmark convnet's 7 ms step in situ, a 38 MB one 14-77 ms, and
+    a large batch faults in its pages again every step. Only the copy's own tensors are
+    lent (host tensors outside autograd: never one a copy kept as it was, a parameter)."""
+
+    __slots__ = ("_free",)
+
+    def __init__(self, old: Any = None) -> None:
+        if type(old) in _FLAT and all(_clones(t) for t in old):  # NB: as `host_copy`'s
+            self._free = iter(old)
+        else:
+            self._free = iter([t for t in iter_tensors(old) if _clones(t)])
+
+    def copy(self, t: torch.Tensor, new: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """`t` copied into the next free buffer if it is laid out alike, else `new(t)` (a
+        CUDA tensor's copy is non-blocking: the caller waits for it, as for a new copy)."""
+        kept = next(self._free, None)
+        if kept is None or not _alike(kept, t):
+            return new(t)
+        kept.copy_(t.detach(), non_blocking=t.is_cuda)
+        return kept
 
 
-def copy_into(kept: Any, t: torch.Tensor) -> bool:
-    """Copy `t`'s values into `kept`, a host copy of a tensor laid out alike (the same
-    shape, dtype and strides), and say whether it did (a CUDA tensor's copy is
-    non-blocking: into pinned memory, the caller's to wait for, as for a new copy)."""
-    if not _alike(kept, t):
-        return False
-    kept.copy_(t.detach(), non_blocking=t.is_cuda)
-    return True
+_FLAT = (tuple, list)
 
 
 def _alike(kept: Any, t: torch.Tensor) -> bool:
