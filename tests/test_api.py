@@ -445,6 +445,20 @@ def test_a_forward_that_raises_is_unwound_and_the_next_steps_are_still_watched(r
     assert not [w for w in recwarn if "always_call" in str(w.message)]  # our hook ran clean
 
 
+def test_a_guard_step_that_raised_took_no_step_and_the_next_ones_are_still_watched():
+    model, optimizer, batches, train_step = tiny_loop(nan_at=5)
+    wrong = (torch.randn(8, 7), batches[2][1])  # 7 features where the model takes 8
+    guard = Guard(model, optimizer)
+    with pytest.raises(NonFiniteError) as caught:
+        for batch in [*batches[:3], wrong, *batches[3:]]:  # past the light switch
+            with contextlib.suppress(RuntimeError):  # the user's loop skips the batch
+                guard.step(train_step, batch)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (5, "input", "input:0")
+    assert first.reproduced is True
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
 def test_guard_leaves_no_hook_or_patch_behind():
     from torch.nn.modules import module as nn_module
 

@@ -59,10 +59,12 @@ def loop(
     probe: Probe | None = None,
     named: bool = False,
     per_step: bool = False,
+    explicit: bool = False,
 ):
     """Train `steps` steps under StepHooks as `watch` does (no model given); with `head`,
     a second module with parameters runs on the model's output, `head(model(x))`; with
-    `per_step`, the hooks are attached for each step alone (as the benchmark does)."""
+    `per_step`, the hooks are attached for each step alone (as the benchmark does); with
+    `explicit`, as `guard.step` does: for each step alone, which it begins and ends."""
     torch.manual_seed(0)
     model, second = Net(), nn.Linear(3, 3)
     params = [*model.parameters(), *(second.parameters() if head else ())]
@@ -70,18 +72,23 @@ def loop(
     g = torch.Generator().manual_seed(1)
     probe = probe or Events()
     global_hooks: list[int] = []
-    hooks = StepHooks(HookedRun(), probe)
+    hooks = StepHooks(HookedRun(), probe, explicit=explicit)
+    per_step = per_step or explicit
     with hooks if not per_step else contextlib.nullcontext():
         for _ in range(steps):
             with hooks if per_step else contextlib.nullcontext():
                 x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
                 if named:
                     hooks.name_batch({"x": x, "y": y})
+                if explicit:
+                    hooks.begin({"x": x, "y": y})
                 optimizer.zero_grad()
                 out = model(x, scale=torch.ones(1))
                 loss = F.cross_entropy(second(out) if head else out, y)
                 loss.backward()
                 optimizer.step()
+                if explicit:
+                    hooks.end()
                 global_hooks.append(len(nn_module._global_forward_pre_hooks))
     return probe, global_hooks, model
 
@@ -106,6 +113,20 @@ def test_hooks_attached_again_resume_in_light_mode(monkeypatch):
     light, hooked, model = loop(5, per_step=True)
     assert hooked == [before + 1] * (LIGHT_AFTER - 1) + [before] * (6 - LIGHT_AFTER)
     assert light.seen == loop(5)[0].seen
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["the model alone", "with a head"])
+def test_explicit_steps_go_light_as_a_watched_loop_does(head, monkeypatch):
+    """`guard.step` keeps one set of hooks across its steps: after regular steps, the
+    model's own calls alone are hooked, and every step is announced as before."""
+    before = len(nn_module._global_forward_pre_hooks)
+    probe, hooked, model = loop(5, explicit=True, head=head)
+    light = [before] * (6 - LIGHT_AFTER) if not head else [before + 1] * (6 - LIGHT_AFTER)
+    assert hooked == [before + 1] * (LIGHT_AFTER - 1) + light
+    monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    assert probe.seen == loop(5, explicit=True, head=head)[0].seen
+    assert (4, "input", ("x", "y")) in probe.seen and (4, "done") in probe.seen
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 

@@ -105,7 +105,8 @@ class Guard:
         self.raise_error = raise_error
         self._next = start_step
         self._store: SnapshotStore | None = None
-        self._hooked: StepHooks | None = None
+        self._hooked: StepHooks | None = None  # the `with` form's
+        self._stepping: StepHooks | None = None  # `guard.step`'s
 
     # -- one step at a time, replayable ----------------------------------------------------
     def step(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -120,9 +121,7 @@ class Guard:
         store = self._snapshots()
         kept = KeptStep.of(fn, args, kwargs, reuse=store.spare_batch())
         store.before_step(step, kept, copied=True)
-        hooks = StepHooks(
-            self.run, self.sentinel, model=self.run.model, explicit=True, start_step=step
-        )
+        hooks = self._step_hooks(step)
         with hooks:
             try:
                 hooks.begin(named_batch(args, kwargs))
@@ -134,6 +133,17 @@ class Guard:
         self._next = step + 1
         self._judge()
         return out
+
+    def _step_hooks(self, step: int) -> StepHooks:
+        """The hooks of `guard.step`, one set for every step (attached during each): after
+        a few steps whose only forward is the model's, they watch its calls alone, not
+        every module's (NB: a new set each step never got there, and cost its set-up)."""
+        hooks = self._stepping
+        if hooks is None or hooks.step != step:  # NB: a step that raised counts no step
+            hooks = self._stepping = StepHooks(
+                self.run, self.sentinel, model=self.run.model, explicit=True, start_step=step
+            )
+        return hooks
 
     def _recheck(self, step: int) -> bool | None:
         """A GradScaler skip, rerun at loss scale 1 through the kept steps (`guard.step`);

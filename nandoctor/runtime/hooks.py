@@ -43,7 +43,9 @@ microseconds each: measured, ~0.14 ms of a 6 ms convnet step). So once the model
 hooks give way to two hooks on the model alone, which announce the same phases. A step
 that ran another root module (`head(backbone(x))`, a GAN), or a framework's named batch,
 keeps the global hooks for good; a root module that first appears after the switch is not
-announced as a FORWARD of its own (its output shows in the loss all the same).
+announced as a FORWARD of its own (its output shows in the loss all the same). In
+`explicit` mode too: `Guard.step` keeps one `StepHooks` across its steps, attached for
+each step alone.
 
 Everything here is host-side bookkeeping; the probe decides what runs on the device.
 """
@@ -94,7 +96,7 @@ class StepHooks:
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []  # the global module hooks, until the light ones
         self._light = False  # the model's own hooks have replaced the global ones
-        self._never_light = explicit  # NB: an explicit StepHooks lives for one step anyway
+        self._never_light = False  # another root module met: the global hooks stay
         self._regular = 0  # steps in a row whose only root forward was the model
         self._step_regular: bool | None = None  # this step's, once it has a root forward
         self._depth = 0  # module calls under way
@@ -345,7 +347,7 @@ class StepHooks:
             return
         if regular is False:  # another root module: its calls need the global hooks
             self._never_light = True
-        elif regular and self._inputs_of is self.run.model:
+        elif regular and (self.explicit or self._inputs_of is self.run.model):
             self._regular += 1
             if self._regular >= LIGHT_AFTER:
                 self._go_light()
