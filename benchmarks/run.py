@@ -101,7 +101,7 @@ def _focus(focus: str, machine: dict) -> str:
 
 
 def machine(args: argparse.Namespace) -> dict:
-    cpu, flags = "unknown CPU", set()
+    cpu, flags = "unknown CPU", set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and cpu == "unknown CPU":

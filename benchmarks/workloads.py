@@ -65,7 +65,7 @@ class Decoder(nn.Module):
 
 def build_mlp(width: int, layers: int, **_: int) -> nn.Module:
     mods: list[nn.Module] = [nn.Linear(64, width * 4), nn.ReLU()]
-    for _ in range(layers - 1):
+    for _layer in range(layers - 1):
         mods += [nn.Linear(width * 4, width * 4), nn.ReLU()]
     return nn.Sequential(*mods, nn.Linear(width * 4, 10))
 
