@@ -4,11 +4,13 @@ steps by optimizer step (batch i is step i // N, micro-batch i % N)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from nandoctor.compare.engine import compare
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
-from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.probe import Phase, Probe, Probes
+from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.data import MicroBatches
 from nandoctor.setup.load import load_config
@@ -90,6 +92,33 @@ def test_unscale_and_clipping_run_once_on_the_accumulated_gradients(project):
     assert ctx.grad_norm is not None  # clipping measured the unscaled, accumulated grads
     assert float(ctx.grad_norm) < 100  # not still multiplied by the scale of 1024
     assert ctx.grad_scale is None  # the last micro-batch's gradients were unscaled
+
+
+@pytest.mark.parametrize("clip", [None, 100.0], ids=["unclipped", "clipped"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_sentinel_reads_the_norm_of_the_accumulated_unscaled_gradients(project, dtype, clip):
+    path = project(
+        base_config(
+            precision={"dtype": dtype},
+            clip_grad_norm=clip,
+            grad_accum_steps=2,
+            data_args={"batches": 4},
+        )
+    )
+    session = build_session(load_config(path))
+    sentinel = Sentinel(session)
+    _, batch = next(iter(session.batches))
+    grads: list[torch.Tensor] = []
+
+    class Unscaled(Probe):  # the gradients as the optimizer is about to use them
+        def phase_started(self, ctx, phase):
+            if phase is Phase.OPTIMIZER:
+                grads.extend(p.grad.clone() for p in session.params)
+
+    run_step(session, 0, batch, Probes(sentinel, Unscaled()))
+    (verdict,) = sentinel.collect(final=True)
+    expected = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]).double())
+    assert verdict.reading.grad_norm == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_compare_counts_optimizer_steps_too(project):

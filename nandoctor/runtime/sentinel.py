@@ -249,7 +249,10 @@ class Sentinel(Probe):
         if self._reads_at_once(device):  # judged on the host when the step ends
             self._grads, self._scaled = grads, carried is not None
             # NB: measured now, while the backward's writes are still in the caches (after
-            # the update they compete with the weights and the optimizer's state)
+            # the update they compete with the weights and the optimizer's state). With
+            # gradient accumulation each backward's sums replace the last one's: the
+            # gradients add up, so the last are the step's (a non-finite one stays so)
+            self._squares, self._host_squares = [], []
             if clip_norm is not None:  # NB: float64: its square root is clip's norm again
                 self._squares = [clip_norm.detach().double().square()]
             elif (host := host_square_sums(grads)) is not None:
