@@ -459,6 +459,23 @@ def test_a_guard_step_that_raised_took_no_step_and_the_next_ones_are_still_watch
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 
+def test_a_guard_that_does_not_raise_lets_the_optimizer_hooks_after_its_own_run():
+    """The failure is found inside the guard's optimizer hook, while torch loops over the
+    global ones: the guard goes quiet there and its hooks come off when it closes."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    model, optimizer, batches, train_step = tiny_loop(nan_at=3)
+    guard, logged = Guard(model, optimizer, raise_error=False), []
+    with guard:
+        handle = register_optimizer_step_post_hook(lambda *_: logged.append(1))
+        for batch in batches:
+            train_step(batch)  # the loop goes on after the failure, as it decides
+    handle.remove()
+    assert guard.report is not None and guard.report.first_nonfinite.step == 3
+    assert guard.result.steps_completed == 3 and len(logged) == len(batches)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
 def test_guard_leaves_no_hook_or_patch_behind():
     from torch.nn.modules import module as nn_module
 

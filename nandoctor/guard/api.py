@@ -37,7 +37,7 @@ from nandoctor.render.markdown import render_markdown
 from nandoctor.report.types import Report
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.probe import StepContext
+from nandoctor.runtime.probe import Probe, StepContext
 from nandoctor.runtime.recheck import ScaleOneRecheck
 from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
@@ -219,13 +219,21 @@ class Guard:
             hooked, self._hooked = self._hooked, None
             hooked.__exit__(None, None, None)
 
+    def _stop_watching(self) -> None:
+        """The `with` form's hooks go quiet, and come off when the guard closes (NB: a
+        failure is found inside the hooks' own optimizer hook, while torch loops over the
+        global optimizer hooks: removing ours there breaks that loop for any after it)."""
+        hooked = self._hooked
+        if hooked is not None:
+            hooked.probe, hooked.on_step_end = Probe(), None
+
     def _judge(self, final: bool = False) -> None:
         failure = self.recorder.record(self.sentinel.collect(final))
         if failure is not None:
             self._fail(failure)
 
     def _fail(self, verdict: Verdict) -> None:
-        self._detach()
+        self._stop_watching()
         located = self._localize(verdict)
         result = self.result
         notes = [] if located is not None else [HOOKED_NOTE]
