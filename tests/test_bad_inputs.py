@@ -30,6 +30,14 @@ def a_dict():
     return {"a": 1}
 def no_params():
     return torch.nn.ReLU()
+def make_sgd(params, lr=0.1):
+    return torch.optim.SGD(params, lr=lr)
+class TupleOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 3)
+    def forward(self, x):
+        return self.linear(x), x
 """
 
 BASE = """\
@@ -74,6 +82,11 @@ CASES = [
     ("missing module", BASE.replace("train.py:build_model", "nopkg_xyz.m:f"), 2, "no module named 'nopkg_xyz'"),
     ("missing attribute", BASE.replace("train.py:build_model", "train.py:nothing"), 2, "has no attribute 'nothing'"),
     ("not callable", BASE.replace("train.py:build_model", "train.py:NOT_CALLABLE"), 2, "is a int, expected a callable"),
+    ("model_args misspelt", BASE + "model_args: {featurs: 8}\n", 2, "model_args: train.py:build_model(features=8, classes=3) got an unexpected keyword argument 'featurs'"),
+    ("data_args misspelt", BASE + "data_args: {batchez: 2}\n", 2, "data_args: train.py:build_data("),
+    ("an argument named as ours", BASE + "model_args: {name: a, key: b}\n", 2, "unexpected keyword argument 'name'"),
+    ("factory kwargs", BASE.replace("{name: SGD, lr: 0.1}", "{factory: 'extra.py:make_sgd', lrr: 1}"), 2, "optimizer: extra.py:make_sgd(params, lr=0.1) got an unexpected keyword argument 'lrr'"),
+    ("model returns a tuple", BASE.replace("train.py:build_model", "extra.py:TupleOut"), 2, "loss: the default loss expects model(x) to return a tensor of logits; it returned a tuple"),
     ("builder raises", BASE.replace("train.py:build_model", "train.py:raises"), 3, "raised RuntimeError: the user's builder broke"),
     ("not a module", BASE.replace("train.py:build_model", "extra.py:a_dict"), 2, "returned a dict, expected a torch.nn.Module"),
     ("no parameters", BASE.replace("train.py:build_model", "extra.py:no_params"), 2, "no trainable parameters"),

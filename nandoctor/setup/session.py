@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -140,9 +141,12 @@ def build_session(loaded: LoadedConfig) -> Session:
 
 def _data_source(config: Config, base: Path, ranks: Ranks | None) -> Callable[[], Any]:
     data = resolve(config.data, "data", base)
+    args = numeric_args(config.data_args)
+    # NB: on a rank, `Ranks.shard` may add the rank and world size: only keywords checked
+    check_arguments(data, "data_args", config.data, (), args, partial=ranks is not None)
     if ranks is not None:
-        return ranks.shard(data, numeric_args(config.data_args))
-    return lambda: data(**numeric_args(config.data_args))
+        return ranks.shard(data, args)
+    return lambda: data(**args)
 
 
 def seed_everything(seed: int) -> None:
@@ -170,7 +174,14 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
             hint="name a `loss:` callable(model, batch) -> scalar tensor in the config",
         )
     x, y = batch
-    return F.cross_entropy(model(x), y)
+    logits = model(x)
+    if not isinstance(logits, torch.Tensor):
+        raise ConfigError(
+            "loss: the default loss expects model(x) to return a tensor of logits; "
+            f"it returned a {type(logits).__name__}",
+            hint="name a `loss:` callable(model, batch) -> scalar tensor in the config",
+        )
+    return F.cross_entropy(logits, y)
 
 
 def _describe(batch: Any) -> str:
@@ -179,10 +190,34 @@ def _describe(batch: Any) -> str:
     return type(batch).__name__
 
 
+def check_arguments(
+    fn: Callable[..., Any],
+    key: str,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    partial: bool = False,
+) -> None:
+    """The config's arguments fit `fn`'s signature (with `partial`, some may be left for
+    later), or a config error names the key: a misspelt keyword is the config's mistake,
+    not a crash of the user's code."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # NB: no signature to read (a builtin): the call says
+        return
+    try:
+        (signature.bind_partial if partial else signature.bind)(*args, **kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{key}: {name}{signature} {e}") from None
+
+
 def _build_model(config: Config, base: Path) -> torch.nn.Module:
     factory = resolve(config.model, "model", base)
+    args = numeric_args(config.model_args)
+    check_arguments(factory, "model_args", config.model, (), args)
     with user_code(f"model {config.model}"):
-        model = factory(**numeric_args(config.model_args))
+        model = factory(**args)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
             f"model: {config.model} returned a {type(model).__name__}, expected a torch.nn.Module"
@@ -209,6 +244,7 @@ def _build_from_spec(
 ) -> Any:
     if spec.factory is not None:
         factory = resolve(spec.factory, f"{key}.factory", base)
+        check_arguments(factory, key, spec.factory, (arg,), spec.kwargs)
         with user_code(f"{key} factory {spec.factory}"):
             return factory(arg, **spec.kwargs)
     name = spec.name or ""
