@@ -15,7 +15,7 @@ from torch import nn
 from transformers import BatchEncoding
 
 import nandoctor
-from nandoctor.errors import ExitCode, NandoctorError
+from nandoctor.errors import ExitCode, NandoctorError, UsageError
 from nandoctor.examples.seed import build_data, build_model
 from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.render.markdown import render_markdown
@@ -490,6 +490,29 @@ def test_guard_leaves_no_hook_or_patch_behind():
     assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
     assert len(nn_module._global_forward_hooks) == hooks
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+WRONG_ARGUMENTS = {
+    "no optimizer": (lambda m, o: Guard(m, None), "Guard: optimizer is a NoneType, expected"),
+    "swapped": (lambda m, o: Guard(o, m), "Guard: model is a SGD, expected a torch.nn.Module"),
+    "a dtype for a scaler": (lambda m, o: Guard(m, o, "fp16"), "Guard: scaler is a str"),
+    "a step that is no callable": (
+        lambda m, o: Guard(m, o).step(5, torch.randn(2, 8)),
+        "guard.step: the step is a int, expected a callable",
+    ),
+}
+
+
+@pytest.mark.parametrize(("make", "message"), WRONG_ARGUMENTS.values(), ids=WRONG_ARGUMENTS)
+def test_a_wrong_argument_is_one_line_before_any_hook_goes_on(make, message):
+    from torch.nn.modules import module as nn_module
+
+    model, optimizer, _, _ = tiny_loop()
+    hooks = len(nn_module._global_forward_hooks)
+    with pytest.raises(UsageError, match=message) as caught:
+        make(model, optimizer)
+    assert caught.value.exit_code == ExitCode.USAGE
+    assert len(nn_module._global_forward_hooks) == hooks
 
 
 def test_guard_and_nonfinite_error_are_exported_from_the_package():

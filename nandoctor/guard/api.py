@@ -90,6 +90,7 @@ class Guard:
         name: str | None = None,
         raise_error: bool = True,
     ) -> None:
+        _check_objects(model, optimizer, scaler)
         device = next(iter(model.parameters()), torch.empty(0)).device
         enabled = scaler if scaler is not None and scaler.is_enabled() else None
         self.run = HookedRun(
@@ -114,6 +115,8 @@ class Guard:
         optimizer step) and return what it returns. `fn` is called again, with copies of
         the same arguments, if a step must be replayed: keep it free of side effects
         other than training (or make them harmless to repeat)."""
+        if not callable(fn):
+            raise UsageError(f"guard.step: the step is a {type(fn).__name__}, expected a callable")
         if self.report is not None:
             return fn(*args, **kwargs)  # the guard has spoken; it no longer watches
         self._leave_hooked_mode()
@@ -264,6 +267,19 @@ class Guard:
 
         located, self.result.failure = localize_failure(verdict, self.run.start_step, replay)
         return located
+
+
+def _check_objects(model: Any, optimizer: Any, scaler: Any) -> None:
+    """One line for a wrong argument, before any hook goes on (not an AttributeError from
+    deep inside the first step)."""
+    wanted = (
+        ("model", model, torch.nn.Module, "a torch.nn.Module"),
+        ("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer"),
+        ("scaler", scaler, (torch.amp.GradScaler, type(None)), "a torch.amp.GradScaler or None"),
+    )
+    for name, value, kind, expected in wanted:
+        if not isinstance(value, kind):
+            raise UsageError(f"Guard: {name} is a {type(value).__name__}, expected {expected}")
 
 
 __all__ = ["Guard", "NonFiniteError"]
