@@ -104,6 +104,26 @@ def test_guard_step_replays_a_batch_encoding_the_step_took_apart_as_it_came():
     assert first.reproduced is True and first.count_nonfinite == 1
 
 
+def test_guard_step_rewinds_a_parameter_the_optimizer_trains_outside_the_model():
+    """A learnable temperature in the loss (CLIP-style): the replay starts from its value
+    at the snapshot, not from the NaN the failing step left in it."""
+    model, _, batches, _ = tiny_loop(nan_at=6, steps=10)
+    log_tau = nn.Parameter(torch.tensor(0.0))
+    optimizer = torch.optim.Adam([*model.parameters(), log_tau], lr=0.05)
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(model(x) / log_tau.exp(), y).backward()
+        optimizer.step()
+
+    with pytest.raises(NonFiniteError) as caught:
+        guarded(Guard(model, optimizer, snapshot_every=4), train_step, batches)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (6, "input", "input:0")
+    assert first.reproduced is True
+
+
 def test_in_a_jupyter_cell_the_guard_and_its_error_show_the_report():
     model, optimizer, batches, train_step = tiny_loop(nan_at=3)
     guard = Guard(model, optimizer)

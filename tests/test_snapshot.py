@@ -7,7 +7,9 @@ import itertools
 
 import pytest
 import torch
+from torch import nn
 
+from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.snapshot import AUTO_MAX_EVERY, AUTO_MIN_EVERY, SnapshotStore, state_bytes
@@ -137,6 +139,23 @@ def test_a_snapshot_keeps_tensors_of_every_dtype_and_restores_them_bit_identical
 
     assert probe.seen[5][0] == probe.seen[5][1]
     assert all(torch.equal(state[k], v) for k, v in session.model.state_dict().items())
+
+
+def test_a_parameter_the_optimizer_trains_outside_the_model_is_kept_and_restored():
+    """A learnable temperature in the loss: the optimizer's, not the model's state dict's."""
+    torch.manual_seed(0)
+    model, temperature = nn.Linear(4, 2), nn.Parameter(torch.tensor(0.5))
+    optimizer = torch.optim.Adam([*model.parameters(), temperature], lr=0.1)
+    run = HookedRun(model=model)
+    run.note_optimizer(optimizer)
+    store = SnapshotStore(run, every=1)
+    store.before_step(0, (torch.randn(2, 4),))
+    weight = model.weight.detach().clone()
+    with torch.no_grad():
+        temperature.fill_(float("nan"))
+        model.weight.add_(1.0)
+    store.rewind_to(0)
+    assert temperature.item() == 0.5 and torch.equal(model.weight, weight)
 
 
 def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):

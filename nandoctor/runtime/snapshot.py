@@ -87,10 +87,13 @@ class StateSnapshot:
     scaler: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
     scheduler: dict[str, Any] | None = None
     rng: RngState | None = None
+    # the optimizer's parameters the model does not hold (a learnable temperature in the
+    # loss), by their place among the optimizer's parameters
+    unowned: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes([self.model, self.optimizer.get("state", {})])
+        return tensor_bytes([self.model, self.optimizer.get("state", {}), self.unowned])
 
     def capture(self, objects: TrainingObjects, step: int) -> None:
         model, optimizer = model_and_optimizer(objects)
@@ -98,7 +101,9 @@ class StateSnapshot:
         copies = _Copies()
         # NB: keep_vars: the parameters themselves, not a detached view of each (a kernel
         # call per tensor); the copies run outside autograd. FSDP: this rank's shards
-        copies.into(self.model, sharded.local_state(model.state_dict(keep_vars=True)))
+        held = model.state_dict(keep_vars=True)
+        copies.into(self.model, sharded.local_state(held))
+        copies.into(self.unowned, _unowned(optimizer, held))
         state = sharded.local_optimizer_state(optimizer.state_dict())
         kept = self.optimizer.get("state", {})
         self.optimizer = {
@@ -117,6 +122,12 @@ class StateSnapshot:
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)  # the async copies into host memory are done
         model.load_state_dict(sharded.model_state_like(model, self.model))
+        unowned = _unowned(optimizer, model.state_dict(keep_vars=True))
+        with torch.no_grad():
+            for i, param in unowned.items():
+                kept = self.unowned.get(i)  # NB: none for a parameter added since
+                if kept is not None and kept.shape == param.shape:
+                    param.copy_(kept)
         # NB: load_state_dict keeps tensors that already sit on the right device and dtype,
         # and the optimizer then updates them in place: hand it copies, keep ours intact.
         optimizer.load_state_dict(sharded.optimizer_state_like(optimizer, _cloned(self.optimizer)))
@@ -125,6 +136,14 @@ class StateSnapshot:
             objects.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
         if self.rng is not None:
             self.rng.restore()
+
+
+def _unowned(optimizer: torch.optim.Optimizer, held: dict[str, Any]) -> dict[int, Tensor]:
+    """The optimizer's plain (unsharded) parameters that are not among the model's state
+    `held`, by their place among its parameters: the snapshot keeps their values too."""
+    ids = {id(t) for t in held.values()}
+    params = (p for group in optimizer.param_groups for p in group["params"])
+    return {i: p for i, p in enumerate(params) if id(p) not in ids and local(p) is p}
 
 
 class _Copies:
