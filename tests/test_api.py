@@ -479,6 +479,31 @@ def test_a_guard_step_that_raised_took_no_step_and_the_next_ones_are_still_watch
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 
+class Holder(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("wrap", [nn.DataParallel, Holder], ids=["DataParallel", "a holder"])
+def test_the_with_form_finds_the_batch_of_a_model_the_loop_calls_through_a_wrapper(wrap):
+    """The guard is given the model; the loop calls a wrapper around it: the model's own
+    first call is the forward, its arguments the batch."""
+    model, optimizer, batches, _ = tiny_loop(nan_at=2)
+    called = wrap(model)
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for x, y in batches:
+            optimizer.zero_grad()
+            F.cross_entropy(called(x), y).backward()
+            optimizer.step()
+    report = caught.value.report
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (2, "input")
+    assert report.causes[0].id == "nonfinite-input"
+
+
 def test_a_guard_that_does_not_raise_lets_the_optimizer_hooks_after_its_own_run():
     """The failure is found inside the guard's optimizer hook, while torch loops over the
     global ones: the guard goes quiet there and its hooks come off when it closes."""

@@ -19,7 +19,9 @@ GradScaler, clipping)::
                                       one step per step of the first optimizer seen
 
 The model is the outermost module that runs with grad enabled and owns trainable
-parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase). Another
+parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase); when the
+model is given (`Guard`), its own first call, even inside a wrapper it was not given as
+(`nn.DataParallel(model)`): the wrapper only hands it the batch. Another
 such module called outside it (`head(backbone(x))`, a GAN's `D(G(z))`) is a FORWARD of
 its own, never the INPUT: its arguments are the model's outputs, not the batch. Forwards
 under `no_grad` (evaluation) and recomputations inside backward (checkpointing) are not
@@ -101,6 +103,7 @@ class StepHooks:
         self._step_regular: bool | None = None  # this step's, once it has a root forward
         self._depth = 0  # module calls under way
         self._root = False  # a call of the model is under way
+        self._root_at = 0  # the module depth of that call
         self._backward = 0  # backward calls under way
         self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
         self._worked = False  # this step has run a forward or a backward
@@ -168,13 +171,17 @@ class StepHooks:
         if torch.compiler.is_compiling():  # NB: keeps the hooks out of compiled graphs
             return
         depth, self._depth = self._depth, self._depth + 1
-        if depth or self._backward or not torch.is_grad_enabled() or not self._is_model(module):
+        # NB: the model's first call, not the outermost module's: a wrapper the caller did
+        # not name (`nn.DataParallel(model)`, a module holding it) only passes it the batch
+        if self._root or self._backward or not torch.is_grad_enabled():
+            return
+        if not self._is_model(module):
             return
         self.run.note_model(module)  # NB: before the step opens, so its probes know the model
         ctx = self._current()
         if ctx is None:
             return
-        self._root, self._worked = True, True
+        self._root, self._root_at, self._worked = True, depth, True
         self._step_regular = module is self.run.model and self._step_regular is not False
         if self.explicit:  # the caller named the batch
             self._forward_started(ctx)
@@ -217,13 +224,13 @@ class StepHooks:
             return
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         ctx = self.ctx
-        if self._late and self._depth == 1 and ctx is not None:
-            self._late = False  # the first call's keyword inputs, before its output
+        depth = self._depth = max(0, self._depth - 1)  # the depth this call ran at
+        if not self._root or depth != self._root_at or ctx is None:
+            return
+        if self._late:  # the first call's keyword inputs, before its output
+            self._late = False
             if kwargs and ctx.phase is Phase.FORWARD:
                 self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
-        self._depth = max(0, self._depth - 1)
-        if self._depth or not self._root or ctx is None:
-            return
         self._root, self._late, self._early = False, False, None
         if ctx.phase is Phase.FORWARD:
             ctx.output = output
