@@ -158,6 +158,9 @@ os._exit(0)  # NB: see the FSDP snapshot test: gloo's teardown may abort on a lo
 """
 
 
+AGREED = r"rank (\d): alone (\d+), agreed (\d+)"
+
+
 @pytest.mark.slow
 def test_ranks_whose_states_differ_in_size_snapshot_at_the_same_steps(tmp_path):
     """Each rank's `auto` period follows its own state (FSDP's shards are uneven) and
@@ -168,9 +171,9 @@ def test_ranks_whose_states_differ_in_size_snapshot_at_the_same_steps(tmp_path):
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     proc = run_job([*launch, str(script)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    said = dict(re.findall(r"rank (\d): (.*)", proc.stdout))
-    (alone0, agreed0), (alone1, agreed1) = (
-        [int(n) for n in re.findall(r"\d+", said[r])] for r in ("0", "1")
-    )
+    # NB: read wherever each rank's line landed (two processes share one stdout)
+    said = {r: (int(a), int(b)) for r, a, b in re.findall(AGREED, proc.stdout)}
+    assert set(said) == {"0", "1"}, proc.stdout
+    (alone0, agreed0), (alone1, agreed1) = said["0"], said["1"]
     assert alone0 < alone1  # the ranks' own periods differ...
     assert agreed0 == agreed1 == alone1  # ...and both take the larger
