@@ -75,6 +75,8 @@ CASES = [
     ("zero steps", BASE.replace("steps: 3", "steps: 0"), 2, "steps: expected a value greater than 0"),
     ("negative steps", BASE.replace("steps: 3", "steps: -2"), 2, "steps: expected a value greater than 0"),
     ("unknown dtype", BASE.replace("float32", "float8"), 2, "precision.dtype: unknown dtype 'float8'"),
+    ("optimizer as a name", BASE.replace("{name: SGD, lr: 0.1}", "SGD"), 2, ":3: optimizer: expected a mapping of keys; got 'SGD': write {name: SGD}"),
+    ("precision as a dtype", BASE.replace("{dtype: float32}", "float32"), 2, ":4: precision: expected a mapping of keys; got 'float32'\n"),
     ("unknown optimizer", BASE.replace("SGD", "Adamw"), 2, "has no class 'Adamw'; did you mean 'AdamW'?"),
     ("optimizer kwargs", BASE.replace("lr: 0.1", "lr: 0.1, bogus: 2"), 2, "unexpected keyword argument 'bogus'"),
     ("optimizer value", BASE.replace("lr: 0.1", "lr: -1"), 2, "Invalid learning rate"),

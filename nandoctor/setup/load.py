@@ -197,6 +197,11 @@ def _format_one(path: Path, err: Any, lines: dict[Loc, int]) -> str:
         return f"{where}: unknown key '{_dotted(loc)}'{_did_you_mean(loc)}"
     if kind == "missing":
         return f"{where}: missing required key '{_dotted(loc)}'"
+    if kind == "model_type":  # NB: not our class's name: the user wrote a section
+        got = err.get("input")
+        factory = err.get("ctx", {}).get("class_name") == "FactorySpec"
+        named = f": write {{name: {got}}}" if factory and isinstance(got, str) else ""
+        return f"{where}: {_dotted(loc)}: expected a mapping of keys; got {got!r}{named}"
     message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     message = message.replace("Input should be", "expected", 1)
     message = message.replace("expected greater than", "expected a value greater than")
