@@ -62,11 +62,12 @@ class UserCodeError(NandoctorError):
         """The traceback without the frames of nandoctor and of installed libraries.
 
         NB: when the error comes from deep inside torch (a shape mismatch, say) no user
-        frame may be left; then the last frame is kept so the message still points somewhere.
+        frame may be left; then the last library frame is kept so the message still points
+        somewhere; never one of nandoctor's (the call itself raised: none to show).
         """
         frames = traceback.extract_tb(self.error.__traceback__)
         mine = [f for f in frames if is_user_file(f.filename)]
-        return mine or frames[-1:]
+        return mine or [f for f in frames if not is_nandoctor_file(f.filename)][-1:]
 
 
 _PACKAGE_DIR = Path(__file__).resolve().parent

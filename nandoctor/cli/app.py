@@ -243,9 +243,10 @@ def _a_launched_rank() -> bool:
 
 def print_error(error: NandoctorError) -> None:
     console = stderr_console()
-    if isinstance(error, UserCodeError):
+    frames = error.user_frames() if isinstance(error, UserCodeError) else []
+    if frames:
         console.print("Traceback of your code (most recent call last):", style="dim")
-        for line in traceback.format_list(error.user_frames()):
+        for line in traceback.format_list(frames):
             console.print(escape(line.rstrip("\n")), style="dim")
     rank = (
         f"rank {os.environ['RANK']}: "
