@@ -143,7 +143,7 @@ def _data_source(config: Config, base: Path, ranks: Ranks | None) -> Callable[[]
     data = resolve(config.data, "data", base)
     args = numeric_args(config.data_args)
     # NB: on a rank, `Ranks.shard` may add the rank and world size: only keywords checked
-    check_arguments(data, "data_args", config.data, (), args, partial=ranks is not None)
+    _check_arguments(data, "data_args", config.data, (), args, partial=ranks is not None)
     if ranks is not None:
         return ranks.shard(data, args)
     return lambda: data(**args)
@@ -190,7 +190,7 @@ def _describe(batch: Any) -> str:
     return type(batch).__name__
 
 
-def check_arguments(
+def _check_arguments(
     fn: Callable[..., Any],
     key: str,
     name: str,
@@ -215,7 +215,7 @@ def check_arguments(
 def _build_model(config: Config, base: Path) -> torch.nn.Module:
     factory = resolve(config.model, "model", base)
     args = numeric_args(config.model_args)
-    check_arguments(factory, "model_args", config.model, (), args)
+    _check_arguments(factory, "model_args", config.model, (), args)
     with user_code(f"model {config.model}"):
         model = factory(**args)
     if not isinstance(model, torch.nn.Module):
@@ -244,7 +244,7 @@ def _build_from_spec(
 ) -> Any:
     if spec.factory is not None:
         factory = resolve(spec.factory, f"{key}.factory", base)
-        check_arguments(factory, key, spec.factory, (arg,), spec.kwargs)
+        _check_arguments(factory, key, spec.factory, (arg,), spec.kwargs)
         with user_code(f"{key} factory {spec.factory}"):
             return factory(arg, **spec.kwargs)
     name = spec.name or ""
