@@ -33,13 +33,7 @@ from torch import Tensor
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
-from nandoctor.runtime.tensors import (
-    MEMORY_ERRORS,
-    host_copy,
-    iter_tensors,
-    local,
-    tensor_bytes,
-)
+from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local, tensor_bytes
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 32  # ...at least this many (a copy of a small model's state costs about
