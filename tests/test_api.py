@@ -222,9 +222,9 @@ def test_the_with_form_watches_an_unchanged_loop_by_optimizer_steps():
 def test_the_with_form_judges_as_diagnose_does_at_the_sentinels_cost(monkeypatch):
     """One sentinel for every driver: a NaN born inside the model shows as the loss phase
     (as in diagnose's fast run; only a replay names the op), and a step costs the
-    sentinel's passes: the weights checked once at the start, the batch only of the step
-    that failed (to name its phase), never the model's output or the weights after each
-    update."""
+    sentinel's passes: the weights checked once at the start, the weights and the batch
+    only of the step that failed (to name its phase), never the model's output or the
+    weights after each update."""
     import nandoctor.runtime.sentinel as sentinel_module
 
     model, optimizer, batches, _ = tiny_loop()
@@ -248,7 +248,8 @@ def test_the_with_form_judges_as_diagnose_does_at_the_sentinels_cost(monkeypatch
     first = caught.value.report.first_nonfinite
     assert (first.step, first.phase, first.reproduced) == (3, "loss", False)
     params = len(list(model.parameters()))
-    assert checked == [params, 1]  # the weights once, then step 3's one batch tensor
+    # the weights once; in step 3, as its loss turned NaN, the weights, then its batch
+    assert checked == [params, params, 1]
 
 
 def test_guard_step_traces_weights_an_update_broke_back_to_that_update():
@@ -274,6 +275,28 @@ def test_guard_step_traces_weights_an_update_broke_back_to_that_update():
     assert (first.tensor, first.value) == ("param:0.weight", "nan")
     assert first.op in ("aten.addcdiv_.default", "aten._foreach_addcdiv_.ScalarList")
     assert report.steps_completed == 0
+
+
+@pytest.mark.parametrize("form", ["step", "with"])
+def test_weights_broken_between_steps_are_the_parameters_phase_in_both_forms(form):
+    """A weight set to NaN outside the steps (a checkpoint reloaded mid-run): the step
+    whose loss meets it fails in the parameters phase, with its cause; `guard.step`'s
+    replay, from a snapshot taken before the edit, says the steps left them finite."""
+    model, optimizer, batches, train_step = tiny_loop()
+    guard = Guard(model, optimizer, snapshot_every=2)
+    watching = guard if form == "with" else contextlib.nullcontext()
+    with pytest.raises(NonFiniteError) as caught, watching:
+        for step, batch in enumerate(batches):
+            if step == 5:
+                with torch.no_grad():
+                    model[2].weight[1, 3] = float("nan")
+            guard.step(train_step, batch) if form == "step" else train_step(batch)
+    report = caught.value.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.reproduced) == (5, "parameters", False)
+    assert [c.id for c in report.causes] == ["nonfinite-parameters"]
+    if form == "step":
+        assert any("something outside the steps changed them" in n for n in report.notes)
 
 
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():

@@ -197,6 +197,35 @@ def test_a_nonfinite_loss_is_not_overwritten_by_the_next_micro_batch():
     assert math.isnan(verdict.reading.loss)
 
 
+def test_weights_broken_between_steps_fail_in_the_parameters_phase_not_the_loss():
+    """A non-finite loss has the weights it was computed with checked as the loss is read
+    (on the CPU), before the backward and the update touch them: weights broken after
+    the first step (a checkpoint loaded, an edit between steps) name the PARAMETERS
+    phase; weights the step's own update breaks after a NaN loss leave it the loss's."""
+    run = hooked_run()
+    sentinel = Sentinel(run)
+    announce(sentinel, run, 0, [1.0], grad=0.1)  # the weights' one check at the start
+    with torch.no_grad():
+        run.params[0][0, 0] = float("nan")  # between steps
+    (broken,) = announce(sentinel, run, 1, [float("nan")], grad=float("nan"))
+    assert (broken.failed, broken.step, broken.phase) == (True, 1, Phase.PARAMETERS)
+
+    run = hooked_run()
+    sentinel = Sentinel(run)
+    announce(sentinel, run, 0, [1.0], grad=0.1)
+    ctx = StepContext(run, 1, (torch.ones(2, 4),))
+    sentinel.step_started(ctx)
+    sentinel.phase_ended(ctx, Phase.INPUT)
+    ctx.loss = torch.tensor(float("nan"))
+    sentinel.phase_ended(ctx, Phase.LOSS)
+    with torch.no_grad():
+        run.params[0].fill_(float("nan"))  # the update, after the loss
+    sentinel.phase_ended(ctx, Phase.OPTIMIZER)
+    sentinel.step_ended(ctx)
+    (verdict,) = sentinel.collect()
+    assert (verdict.step, verdict.phase) == (1, Phase.LOSS)
+
+
 def test_a_scaler_met_mid_run_teaches_the_judge_its_scale():
     """A user who starts at a tiny scale on purpose: a skip at 2**-10 is no collapse for
     their scaler (the judge learns its scale when the scaler first appears), although it

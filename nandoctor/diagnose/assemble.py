@@ -170,7 +170,7 @@ def _ranks(f: Findings) -> list[RankReport] | None:
 def _notes(f: Findings) -> list[str]:
     """The driver's notes, then the replay's, then the engines' (an interrupt last)."""
     interrupted = [f.interrupted] if f.interrupted is not None else []
-    return [*f.notes, *replay_notes(f.located), *f.later_notes, *interrupted]
+    return [*f.notes, *replay_notes(f.located, f.result.failure), *f.later_notes, *interrupted]
 
 
 def _timing(f: Findings) -> dict[str, float]:

@@ -10,6 +10,7 @@ from nandoctor.causes.words import plural, values
 from nandoctor.errors import changed_torch_globals
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
+from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.setup.devices import CPU_AUTOCAST_NOTE
@@ -78,16 +79,23 @@ def globals_notes() -> list[str]:
     ]
 
 
-def replay_notes(located: Localization | None) -> list[str]:
+def replay_notes(located: Localization | None, failure: Verdict | None = None) -> list[str]:
     """What the replay of the bad step has to say about itself, if anything."""
     if located is None:
         return []
     if located.reproduced:
         return [located.note] if located.note else []
     seen = " reach the loss, a gradient or a weight" if located.transients else ""
+    why = "the failure is nondeterministic or transient"
+    if failure is not None and failure.phase is Phase.PARAMETERS:
+        why = (
+            f"the weights were non-finite when step {located.step} began, yet the steps "
+            "replayed before it left them finite: something outside the steps changed them "
+            "(a checkpoint loaded or weights edited between steps), or the run is "
+            "nondeterministic"
+        )
     return [
-        f"the instrumented replay of step {located.step} saw no non-finite value{seen}: "
-        "the failure is nondeterministic or transient"
+        f"the instrumented replay of step {located.step} saw no non-finite value{seen}: {why}"
         + (f" ({located.note})" if located.note else "")
     ]
 

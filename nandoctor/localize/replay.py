@@ -83,12 +83,9 @@ def localize_failure(
         raise ValueError("a verdict that did not fail has no step to replay")
     located = replay(step, failure.replay_scale)
     found = located.finding
-    if (
-        found is not None
-        and found.phase is Phase.PARAMETERS
-        and failure.phase is not Phase.PARAMETERS  # not a bad checkpoint: an earlier update
-        and step > start_step
-    ):
+    # NB: past the first step, weights broken before the step were broken by an earlier
+    # update (or changed between steps: the replay of the step before then finds nothing)
+    if found is not None and found.phase is Phase.PARAMETERS and step > start_step:
         earlier = replay(step - 1, None)
         if earlier.finding is not None and earlier.finding.phase is Phase.OPTIMIZER:
             why = "the optimizer's update made parameters non-finite (the next step met them)"

@@ -9,7 +9,12 @@ never waits for the GPU to drain; the verdict of step N arrives after step N+1 w
 NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain loop on a
 6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on the
 device. The loss's finiteness is read from the loss itself. On the CPU (read at once, not
-deferred) each gradient's sum of squares is taken as the backward ends, while its writes
+deferred) the loss is read as its phase ends, and only a non-finite one has the weights
+checked right then, before the backward and the update touch them: weights that were
+already broken when the step began (changed between steps, or by the update before)
+name the PARAMETERS phase, not the loss (elsewhere only the first step's weights are
+checked; the replay names the update either way). Each gradient's sum of squares is
+taken as the backward ends, while its writes
 are still in the caches (`tensors.host_square_sums`: float32 and float64 gradients'
 dot products, read at once; fused norms for other kinds), and the
 gradients' flag is their total's finiteness: a NaN or inf element makes it NaN or inf,
@@ -196,7 +201,7 @@ class Sentinel(Probe):
         self._grads: list[torch.Tensor] | None = None
         self._squares: list[torch.Tensor] = []
         self._host_squares: list[float] = []  # NB: the same, already read (`host_square_sums`)
-        self._losses: list[torch.Tensor] = []  # NB: on the CPU, the step's, judged likewise
+        self._losses: list[float] = []  # NB: on the CPU, the step's, read as each is made
         self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
         self._scaled = False  # those sums are of gradients that still carry the loss scale
         self._zeros: dict[torch.device, torch.Tensor] = {}
@@ -225,8 +230,8 @@ class Sentinel(Probe):
             output = floating(without_loss(ctx.output))  # its loss is the LOSS phase's
             self._any("forward", nonfinite(output, self._device()))
         elif phase is Phase.LOSS and ctx.loss is not None:
-            if self._reads_at_once(self._device()):  # judged on the host when the step ends
-                self._losses.append(ctx.loss)
+            if self._reads_at_once(self._device()):
+                self._loss_read(ctx.loss)
             else:
                 self._loss_ended(ctx.loss.detach())  # NB: its own dtype: float64 stays exact
         elif phase is Phase.BACKWARD:
@@ -239,6 +244,18 @@ class Sentinel(Probe):
         # NB: with several losses in a step (accumulation), a non-finite one is kept: the
         # step's loss is non-finite exactly when one of them was
         self._flags["loss"] = loss if kept is None else torch.where(_bad(kept), kept, loss)
+
+    def _loss_read(self, loss: torch.Tensor) -> None:
+        """The CPU's way: the loss is read as its phase ends (the one read it costs the step
+        anyway), before the backward and the update touch anything. So a non-finite loss
+        has the weights it was computed with checked there and then: weights already
+        broken when the step began (by the update before, or changed between steps: a
+        checkpoint loaded, weights edited in place) name the PARAMETERS phase, not LOSS.
+        A healthy step pays nothing for it."""
+        value = loss.item()
+        self._losses.append(value)
+        if not math.isfinite(value):
+            self._any("params_before", nonfinite(self.objects.params, torch.device("cpu")))
 
     def _grads_ended(self, ctx: StepContext) -> None:
         device = self._device()
@@ -309,13 +326,13 @@ class Sentinel(Probe):
         judged as it is when the step ends: a loss that writes into its batch in place is
         judged after its writes (the replay, which checks the batch as it arrives, names
         the exact origin either way)."""
-        flags, n_losses = self._flags, len(self._losses)
-        read = _host_values([*flags.values(), *self._losses, *self._squares])
+        flags, losses = self._flags, self._losses
+        read = _host_values([*flags.values(), *self._squares])
         row = [0.0] * len(_SLOTS)
         for key, value in zip(flags, read, strict=False):  # NB: the flags' values come first
             row[_SLOT_OF[key]] = value
-        losses, read = read[len(flags) : len(flags) + n_losses], read[len(flags) + n_losses :]
-        if n_losses == 1:  # NB: the common case
+        read = read[len(flags) :]
+        if len(losses) == 1:  # NB: the common case
             row[_LOSS] = losses[0]
         elif losses:  # with several (accumulation), a non-finite one is kept
             row[_LOSS] = next((x for x in losses if not math.isfinite(x)), losses[-1])
@@ -391,12 +408,12 @@ def _may_fail(row: list[float]) -> bool:
 
 
 def _host_values(values: list[torch.Tensor]) -> list[float]:
-    """One-element tensors read on the host in one go (NB: the one host read per step; a
-    lone loss, a float32 step's only one, is read as it is, without stacking)."""
+    """One-element tensors read on the host in one go (NB: a lone one, a GradScaler's
+    scale, is read as it is, without stacking; a float32 step has none: its loss was read
+    as it was made, its gradients' sums as the backward ended)."""
     if len(values) == 1:
         return [values[0].item()]
-    with torch.no_grad():  # NB: the losses still hold their graphs
-        return stacked(values).tolist() if values else []
+    return stacked(values).tolist() if values else []
 
 
 def _root_sum(squares: list[float]) -> float:
