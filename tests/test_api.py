@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import warnings
 
 import pytest
 import torch
@@ -297,6 +298,41 @@ def test_weights_broken_between_steps_are_the_parameters_phase_in_both_forms(for
     assert [c.id for c in report.causes] == ["nonfinite-parameters"]
     if form == "step":
         assert any("something outside the steps changed them" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("form", ["step", "with"])
+def test_a_guard_whose_model_the_loop_never_calls_says_so_once(form):
+    """`Guard(model)` on a loop that calls `torch.compile(model)`, whose inner calls no
+    hook sees: one warning names the module to give instead (the `with` form, which then
+    has no batch, reads a NaN batch as the loss). Given the compiled module, the same
+    loop is followed without a word, its NaN batch the input phase."""
+
+    def run(compiled_given: bool):
+        torch._dynamo.reset()  # NB: a cached graph, or eager fallback, from another test
+        model, optimizer, batches, _ = tiny_loop(nan_at=4)
+        compiled = torch.compile(model, backend="aot_eager")
+
+        def train_step(batch):
+            x, y = batch
+            optimizer.zero_grad()
+            F.cross_entropy(compiled(x), y).backward()
+            optimizer.step()
+
+        guard = Guard(compiled if compiled_given else model, optimizer, raise_error=False)
+        watching = guard if form == "with" else contextlib.nullcontext()
+        with warnings.catch_warnings(record=True) as caught, watching:
+            warnings.simplefilter("always")
+            for batch in batches[:6]:
+                guard.step(train_step, batch) if form == "step" else train_step(batch)
+        assert guard.report is not None
+        said = [str(w.message) for w in caught if str(w.message).startswith("nandoctor")]
+        return guard.report.first_nonfinite.phase, said
+
+    phase, said = run(compiled_given=False)
+    assert len(said) == 1 and "step 0 trained without calling the model" in said[0]
+    assert "(Sequential)" in said[0] and "torch.compile" in said[0]
+    assert phase == ("input" if form == "step" else "loss")  # guard.step names its batch
+    assert run(compiled_given=True) == ("input", [])
 
 
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():

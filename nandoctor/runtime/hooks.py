@@ -21,9 +21,11 @@ GradScaler, clipping)::
 The model is the outermost module that runs with grad enabled and owns trainable
 parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase); when the
 model is given (`Guard`), its own first call, even inside a wrapper it was not given as
-(`nn.DataParallel(model)`): the wrapper only hands it the batch. Another
-such module called outside it (`head(backbone(x))`, a GAN's `D(G(z))`) is a FORWARD of
-its own, never the INPUT: its arguments are the model's outputs, not the batch. Forwards
+(`nn.DataParallel(model)`): the wrapper only hands it the batch (a step that trains
+without calling it at all gets a warning, once: the loop calls a compiled or an
+unrelated module). Another such module called outside it (`head(backbone(x))`, a GAN's
+`D(G(z))`) is a FORWARD of its own, never the INPUT: its arguments are the model's
+outputs, not the batch. Forwards
 under `no_grad` (evaluation) and recomputations inside backward (checkpointing) are not
 steps. With gradient accumulation a step announces each forward, loss and backward
 (`runtime.sentinel` adds them up). `optimizer.step(closure)` runs the closure's forward
@@ -54,6 +56,7 @@ Everything here is host-side bookkeeping; the probe decides what runs on the dev
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -94,6 +97,8 @@ class StepHooks:
         self.ctx: StepContext | None = None
         self.on_step_start, self.on_step_end = on_step_start, on_step_end
         self._model_ids = {id(m) for m in model.modules()} if model is not None else None
+        # NB: the given model's name, until a step trained without calling it (said once)
+        self._given = type(model).__name__ if model is not None else None
         self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []  # the global module hooks, until the light ones
@@ -350,6 +355,8 @@ class StepHooks:
     # -- light mode -------------------------------------------------------------------------
     def _count_regular(self) -> None:
         regular, self._step_regular = self._step_regular, None
+        if regular is None and self._worked and self._given is not None:
+            self._model_not_called()
         if self._light or self._never_light:
             return
         if regular is False:  # another root module: its calls need the global hooks
@@ -358,6 +365,19 @@ class StepHooks:
             self._regular += 1
             if self._regular >= LIGHT_AFTER:
                 self._go_light()
+
+    def _model_not_called(self) -> None:
+        """The step trained without a call of the model it was given: the loop calls
+        another module (a `torch.compile`d one, whose inner calls no hook sees, or an
+        unrelated one), so the step has no forward and, unless named, no batch. Said once."""
+        warnings.warn(
+            f"nandoctor: step {self.step - 1} trained without calling the model the guard "
+            f"was given ({self._given}); give the guard the module your loop calls (with "
+            "torch.compile, the compiled one): it follows that module's calls and takes "
+            "their inputs as the batch",
+            stacklevel=2,
+        )
+        self._given = None
 
     def _go_light(self) -> None:
         _remove(self._module_handles)
