@@ -335,6 +335,35 @@ def test_a_guard_whose_model_the_loop_never_calls_says_so_once(form):
     assert run(compiled_given=True) == ("input", [])
 
 
+@pytest.mark.parametrize("order", ["G, D", "D, G"])
+def test_two_with_guards_on_a_gan_each_count_their_own_models_steps(order):
+    """A GAN's loop under two `with` guards, one per model and optimizer; the
+    discriminator's real batch holds a NaN at step 3. The discriminator's step calls the
+    generator (its fakes) and steps first, yet the generator's guard counts only its own
+    optimizer's steps: whichever guard is entered first, the discriminator's reports."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 1e-3), torch.optim.Adam(D.parameters(), 1e-3)
+    reals = [torch.randn(6, 8) for _ in range(6)]
+    reals[3][2, 2] = float("nan")
+    guards = {"G": Guard(G, opt_g, name="G"), "D": Guard(D, opt_d, name="D")}
+    first, second = (guards[k] for k in order.split(", "))
+    with pytest.raises(NonFiniteError) as caught, first, second:
+        for real in reals:
+            opt_d.zero_grad()
+            fake = G(torch.randn(6, 4)).detach()
+            (F.softplus(-D(real)).mean() + F.softplus(D(fake)).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            F.softplus(-D(G(torch.randn(6, 4)))).mean().backward()
+            opt_g.step()
+    assert caught.value.report is guards["D"].report
+    first_bad = caught.value.report.first_nonfinite
+    assert (first_bad.step, first_bad.phase) == (3, "input")
+    assert guards["G"].report is None and guards["G"].result.steps_completed == 3
+
+
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     model, optimizer, batches, train_step = tiny_loop()
     with Guard(model, optimizer) as guard:

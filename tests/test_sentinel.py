@@ -226,6 +226,26 @@ def test_weights_broken_between_steps_fail_in_the_parameters_phase_not_the_loss(
     assert (verdict.step, verdict.phase) == (1, Phase.LOSS)
 
 
+def test_weights_an_update_within_the_step_broke_are_not_the_weights_it_began_with():
+    """A loop with two optimizers in a step (a GAN's: the discriminator steps, then the
+    generator's loss meets its broken weights): a NaN loss after an update in the same
+    step is the loss's, not the parameters phase."""
+    run = hooked_run()
+    sentinel = Sentinel(run)
+    ctx = StepContext(run, 0, (torch.ones(2, 4),))
+    sentinel.step_started(ctx)
+    for loss in (1.0, float("nan")):
+        sentinel.phase_ended(ctx, Phase.INPUT)
+        ctx.loss = torch.tensor(loss)
+        sentinel.phase_ended(ctx, Phase.LOSS)
+        with torch.no_grad():
+            run.params[0].fill_(float("nan"))  # the first optimizer's update
+        sentinel.phase_ended(ctx, Phase.OPTIMIZER)
+    sentinel.step_ended(ctx)
+    (verdict,) = sentinel.collect()
+    assert (verdict.step, verdict.phase) == (0, Phase.LOSS)
+
+
 def test_a_scaler_met_mid_run_teaches_the_judge_its_scale():
     """A user who starts at a tiny scale on purpose: a skip at 2**-10 is no collapse for
     their scaler (the judge learns its scale when the scaler first appears), although it

@@ -94,7 +94,12 @@ class Guard:
         device = next(iter(model.parameters()), torch.empty(0)).device
         enabled = scaler if scaler is not None and scaler.is_enabled() else None
         self.run = HookedRun(
-            model=model, device=device, scaler=enabled, scheduler=scheduler, start_step=start_step
+            model=model,
+            given_optimizer=optimizer,
+            device=device,
+            scaler=enabled,
+            scheduler=scheduler,
+            start_step=start_step,
         )
         self.run.note_optimizer(optimizer)
         self.sentinel = Sentinel(self.run, recheck=self._recheck)

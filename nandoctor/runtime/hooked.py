@@ -22,6 +22,9 @@ class HookedRun:
     model: nn.Module | None = None  # the first model that ran forward with grad enabled
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # given or seen
     clock: torch.optim.Optimizer | None = None  # the first to step: its steps number steps
+    # NB: the optimizer a Guard was given: only one stepping its parameters (it, a wrapper
+    # of it, or the one it wraps) may be the clock, never another model's (a GAN's)
+    given_optimizer: torch.optim.Optimizer | None = None
     scaler: torch.amp.GradScaler | None = None  # an enabled GradScaler that scaled a loss
     scheduler: Any | None = None  # only when given (Guard): no hook reveals one
     device: torch.device | None = None
@@ -73,11 +76,20 @@ class HookedRun:
 
         NB: the clock is the first optimizer seen *stepping*, not the one a caller named:
         a wrapper such as accelerate's AcceleratedOptimizer steps through the inner one.
+        With a named one, the first that steps its parameters: with two guards on a GAN's
+        loop, the generator's guard does not count the discriminator's steps as its own.
         """
         if all(o is not optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
-        if stepping and self.clock is None:
+        if stepping and self.clock is None and self._steps_given(optimizer):
             self.clock = optimizer
+
+    def _steps_given(self, optimizer: torch.optim.Optimizer) -> bool:
+        given = self.given_optimizer
+        if given is None or optimizer is given:
+            return True
+        mine = {id(p) for group in given.param_groups for p in group["params"]}
+        return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
 
     def note_scaler(self, scaler: torch.amp.GradScaler) -> None:
         """An enabled GradScaler scaled a loss (the sentinel's judge then learns its scale)."""

@@ -203,6 +203,7 @@ class Sentinel(Probe):
         self._host_squares: list[float] = []  # NB: the same, already read (`host_square_sums`)
         self._losses: list[float] = []  # NB: on the CPU, the step's, read as each is made
         self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
+        self._updated = False  # an optimizer has stepped in this step
         self._scaled = False  # those sums are of gradients that still carry the loss scale
         self._zeros: dict[torch.device, torch.Tensor] = {}
         self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
@@ -236,8 +237,10 @@ class Sentinel(Probe):
                 self._loss_ended(ctx.loss.detach())  # NB: its own dtype: float64 stays exact
         elif phase is Phase.BACKWARD:
             self._grads_ended(ctx)
-        elif phase is Phase.OPTIMIZER and self.thorough:
-            self._flags["params"] = nonfinite(self.objects.params, self._device())
+        elif phase is Phase.OPTIMIZER:
+            self._updated = True
+            if self.thorough:
+                self._flags["params"] = nonfinite(self.objects.params, self._device())
 
     def _loss_ended(self, loss: torch.Tensor) -> None:
         kept = self._flags.get("loss")
@@ -254,7 +257,9 @@ class Sentinel(Probe):
         A healthy step pays nothing for it."""
         value = loss.item()
         self._losses.append(value)
-        if not math.isfinite(value):
+        # NB: not once an optimizer has stepped within the step (a GAN's loop: the other
+        # model's update is this step's, not the weights it began with)
+        if not math.isfinite(value) and not self._updated:
             self._any("params_before", nonfinite(self.objects.params, torch.device("cpu")))
 
     def _grads_ended(self, ctx: StepContext) -> None:
@@ -313,7 +318,7 @@ class Sentinel(Probe):
 
     def _forget_step(self) -> None:
         self._flags, self._grads, self._squares, self._host_squares = {}, None, [], []
-        self._batches, self._losses = [], []
+        self._batches, self._losses, self._updated = [], [], False
 
     def _read_now(self) -> list[float]:
         """The CPU's reading, read as the step ends: the flags and values the step set and
