@@ -25,13 +25,12 @@ model is given (`Guard`), its own first call, even inside a wrapper it was not g
 without calling it at all gets a warning, once: the loop calls a compiled or an
 unrelated module). Another such module called outside it (`head(backbone(x))`, a GAN's
 `D(G(z))`) is a FORWARD of its own, never the INPUT: its arguments are the model's
-outputs, not the batch. Forwards
-under `no_grad` (evaluation) and recomputations inside backward (checkpointing) are not
-steps. With gradient accumulation a step announces each forward, loss and backward
-(`runtime.sentinel` adds them up). `optimizer.step(closure)` runs the closure's forward
-and backward inside the step; its OPTIMIZER phase is announced after them. In `explicit`
-mode (`Guard.step`) the caller opens and closes each step and names its batch; optimizer
-steps then only mark the OPTIMIZER phase.
+outputs, not the batch. Forwards under `no_grad` (evaluation) and recomputations inside
+backward (checkpointing) are not steps. With gradient accumulation a step announces each
+forward, loss and backward (`runtime.sentinel` adds them up). `optimizer.step(closure)`
+runs the closure's forward and backward inside the step; its OPTIMIZER phase is
+announced after them. In `explicit` mode (`Guard.step`) the caller opens and closes each
+step and names its batch; optimizer steps then only mark the OPTIMIZER phase.
 
 PyTorch's global forward pre-hook sees a call's positional arguments only, and
 `model(**batch)` passes all of its batch by keyword. So the model gets a hook of its own

@@ -7,24 +7,24 @@ deferred by a step (a non-blocking copy into pinned memory plus an event), so th
 never waits for the GPU to drain; the verdict of step N arrives after step N+1 was queued.
 
 NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain loop on a
-6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on the
-device. The loss's finiteness is read from the loss itself. On the CPU (read at once, not
-deferred) the loss is read as its phase ends, and only a non-finite one has the weights
-checked right then, before the backward and the update touch them: weights that were
-already broken when the step began (changed between steps, or by the update before)
-name the PARAMETERS phase, not the loss (elsewhere only the first step's weights are
-checked; the replay names the update either way). Each gradient's sum of squares is
-taken as the backward ends, while its writes
-are still in the caches (`tensors.host_square_sums`: float32 and float64 gradients'
-dot products, read at once; fused norms for other kinds), and the
-gradients' flag is their total's finiteness: a NaN or inf element makes it NaN or inf,
-and a finite total proves every element finite. Only an infinite total is ambiguous
-(finite values of ~1e19 and up overflow float32 squares): that step, and only it, gets
-the exact check, at its end, while the gradients are still the step's. The batch is
-judged only in a step that failed (a non-finite batch fails no step by itself; its flag
-names the failed step's phase). On CUDA, and in a data-parallel job (where each rank's
-flag must be exact before the rows are gathered), one fused float64 pass gives both,
-exactly (its squares hold up to 1e154), and the batch is flagged on the device each step.
+6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on
+the device. The loss's finiteness is read from the loss itself. On the CPU (read at
+once, not deferred) the loss is read as its phase ends, and only a non-finite one has
+the weights checked right then, before the backward and the update touch them: weights
+that were already broken when the step began (changed between steps, or by the update
+before) name the PARAMETERS phase, not the loss (elsewhere only the first step's weights
+are checked; the replay names the update either way). Each gradient's sum of squares is
+taken as the backward ends, while its writes are still in the caches
+(`tensors.host_square_sums`: float32 and float64 gradients' dot products, read at once;
+fused norms for other kinds), and the gradients' flag is their total's finiteness: a NaN
+or inf element makes it NaN or inf, and a finite total proves every element finite. Only
+an infinite total is ambiguous (finite values of ~1e19 and up overflow float32 squares):
+that step, and only it, gets the exact check, at its end, while the gradients are still
+the step's. The batch is judged only in a step that failed (a non-finite batch fails no
+step by itself; its flag names the failed step's phase). On CUDA, and in a data-parallel
+job (where each rank's flag must be exact before the rows are gathered), one fused
+float64 pass gives both, exactly (its squares hold up to 1e154), and the batch is
+flagged on the device each step.
 
 The same sentinel watches nandoctor's own step (`runtime.step.run_step`: diagnose,
 compare, the what-if replays) and a user's loop followed through hooks
