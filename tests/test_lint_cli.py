@@ -96,6 +96,29 @@ def test_a_report_into_a_missing_folder_fails_before_linting(here):
     assert "does not exist" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--json", "train.py", "other.py"),  # the slip: train.py read as the report's path
+        ("train.py", "--sarif", "train.py"),
+        (".", "--json", "pyproject.toml"),
+        ("train.py", "--json", "notes.ipynb"),
+    ],
+)
+def test_a_report_never_overwrites_a_file_lint_reads(here, args):
+    """Never a user's file written: a script, a notebook or the pyproject.toml lint reads
+    as a report's path is refused (exit 2), every file as it was."""
+    script(here, ERROR)
+    script(here, CLEAN, "other.py")
+    (here / "pyproject.toml").write_text('[tool.nandoctor.lint]\nfail-on = "error"\n')
+    (here / "notes.ipynb").write_text("{}")
+    before = {p.name: p.read_bytes() for p in here.iterdir()}
+    result = lint(*args)
+    assert result.exit_code == 2
+    assert "is a file lint reads; refusing to overwrite it" in result.stderr
+    assert {p.name: p.read_bytes() for p in here.iterdir()} == before
+
+
 def found_ids(*args: str) -> set[str]:
     return {f["id"] for f in json.loads(lint(*args, "--json", "-").stdout)["findings"]}
 

@@ -10,7 +10,10 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.outcome import Outcome
 from nandoctor.cli.output import write_text
+from nandoctor.errors import UsageError
 from nandoctor.lint.findings import LintResult, Severity  # NB: the rest when linting (below)
+
+READ_SUFFIXES = (".py", ".pyi", ".ipynb")  # what lint reads: never a report's path
 
 
 @app.command()
@@ -40,12 +43,34 @@ def lint(
 
     outputs = {"--json": json_path, "--sarif": sarif_path}
     options.check_outputs(outputs)
+    refuse_sources(outputs, paths)
     config = load_config(paths, select=select, ignore=ignore, fail_on=fail_on)
     result = lint_paths(paths, config)
     stderr = options.report_console_to_stderr(*outputs.values())
     terminal.render(cli_console(stderr=stderr, soft_wrap=True), result, quiet=quiet)
     write_reports(result, outputs)
     return Outcome(found=result.fails(config.fail_on))
+
+
+def refuse_sources(outputs: dict[str, str | None], paths: list[Path]) -> None:
+    """No report may overwrite what lint reads: a script or notebook (`--json train.py
+    other.py` takes train.py for the report's path), a path it was given, or a
+    pyproject.toml (exit 2)."""
+    given = {p.resolve() for p in paths}
+    for option, path in outputs.items():
+        target = Path(path) if path and path != "-" else None
+        if target is None or not target.is_file():
+            continue
+        if (
+            target.suffix in READ_SUFFIXES
+            or target.name == "pyproject.toml"
+            or target.resolve() in given
+        ):
+            report = "report.json" if option == "--json" else "report.sarif"
+            raise UsageError(
+                f"{option} {path}: is a file lint reads; refusing to overwrite it",
+                hint=f"name a new file for the report: nandoctor lint {option} {report} PATH...",
+            )
 
 
 def write_reports(result: LintResult, outputs: dict[str, str | None]) -> None:

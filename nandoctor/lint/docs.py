@@ -63,7 +63,9 @@ nandoctor lint PATH... [--select ID,...] [--ignore ID,...] [--fail-on error|warn
 - `--select`, `--ignore`: check ids, comma-separated or repeated.
 - `--fail-on`: the lowest severity that makes the exit code 1 (default `warning`).
 - `--json PATH`, `--sarif PATH`: write the findings as JSON or SARIF 2.1.0 (`-` is stdout;
-  the listing then goes to stderr).
+  the listing then goes to stderr). A path lint reads (a `.py` or `.ipynb` file, a path
+  given to lint, a `pyproject.toml`) is refused: `--json train.py other.py` would
+  otherwise write the report over `train.py`.
 - `--quiet`: one line per finding, no code excerpt.
 
 Exit codes: **0** no finding at or above `--fail-on`; **1** such findings, or a file that
