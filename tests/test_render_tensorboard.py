@@ -77,3 +77,28 @@ def test_without_tensorboard_it_is_one_line_before_the_run(project, tmp_path, mo
     )
     assert "pip install 'nandoctor[tensorboard]'" in result.stderr
     assert not (tmp_path / "tb").exists()
+
+
+@pytest.mark.parametrize("command", ["diagnose", "compare"])
+def test_a_file_where_the_folder_goes_is_one_line_before_the_run(project, tmp_path, command):
+    """Refused before the run (which would otherwise run in full), naming the option; no
+    report is left behind."""
+    config = project(base_config(steps=3))
+    (tmp_path / "tb").write_text("mine")
+    result = runner.invoke(
+        app,
+        [
+            command,
+            str(config),
+            "--tensorboard",
+            str(tmp_path / "tb"),
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[0] == (
+        f"error: --tensorboard {tmp_path / 'tb'}: is a file, expected a folder"
+    )
+    assert "step" not in result.stdout  # no run
+    assert (tmp_path / "tb").read_text() == "mine" and not (tmp_path / "r.json").exists()

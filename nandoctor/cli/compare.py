@@ -11,7 +11,7 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.diagnose import launch_ranks
 from nandoctor.cli.outcome import Outcome, of_comparison
-from nandoctor.cli.output import write_bytes, write_text
+from nandoctor.cli.output import resolved, write_bytes, write_text
 
 if TYPE_CHECKING:
     from nandoctor.render.terminal import StepProgress
@@ -58,7 +58,8 @@ def compare(
     if plot_path:
         require_matplotlib()
     if tensorboard_dir:
-        tensorboard.require_tensorboard()
+        tensorboard_dir = resolved(tensorboard_dir)  # NB: the user's code may chdir
+        tensorboard.require_tensorboard(tensorboard_dir)
     loaded = load_config(config).with_overrides(
         steps=steps, device=device, seed=seed, autocast_policy=autocast_policy
     )
@@ -88,9 +89,9 @@ def compare(
     if distributed.current_rank() != 0:
         return Outcome()
     render_comparison(console, comparison, quiet=quiet)
-    write_outputs(comparison, outputs)
     if tensorboard_dir:
         tensorboard.write_comparison(comparison, tensorboard_dir)
+    write_outputs(comparison, outputs)
     return of_comparison(comparison)
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
-from nandoctor.cli.output import write_text
+from nandoctor.cli.output import resolved, write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.errors import RankDied
 from nandoctor.gate.tolerances import Tolerances
@@ -87,7 +87,8 @@ def diagnose(
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     if tensorboard_dir:
-        tensorboard.require_tensorboard()
+        tensorboard_dir = resolved(tensorboard_dir)  # NB: the user's code may chdir
+        tensorboard.require_tensorboard(tensorboard_dir)
     loaded = load_config(config).with_overrides(
         steps=steps, device=device, dtype=dtype, seed=seed, autocast_policy=autocast_policy
     )
@@ -123,9 +124,9 @@ def diagnose(
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
     render_report(console, report, quiet=quiet)
-    write_reports(report, outputs)
     if tensorboard_dir:
         tensorboard.write_report(report, tensorboard_dir)
+    write_reports(report, outputs)
     return of_report(report, fail_on_divergence)
 
 

@@ -10,7 +10,7 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
 from nandoctor.cli.outcome import Outcome, of_watch
-from nandoctor.cli.output import check_not_input
+from nandoctor.cli.output import check_not_input, resolved
 from nandoctor.errors import UsageError
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET
 
@@ -59,7 +59,8 @@ def watch(
     for option, path in outputs.items():
         check_not_input(path, option, files)
     if tensorboard_dir:
-        tensorboard.require_tensorboard()
+        tensorboard_dir = resolved(tensorboard_dir)  # NB: the command may chdir
+        tensorboard.require_tensorboard(tensorboard_dir)
     # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
     console = cli_console(stderr=True)
 
@@ -78,7 +79,7 @@ def watch(
     )
     watched = runner.watch(list(command), opts, on_replay=on_replay)
     render_report(console, watched.report, quiet=quiet)
-    write_reports(watched.report, outputs)
     if tensorboard_dir:
         tensorboard.write_report(watched.report, tensorboard_dir)
+    write_reports(watched.report, outputs)
     return of_watch(watched.report, watched.command_code, fail_on_divergence)

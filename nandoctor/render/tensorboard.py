@@ -18,6 +18,7 @@ command stops before the run with one line (exit 2). Reads a report, computes no
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ from nandoctor.report.types import Report
 PREFIX = "nandoctor"
 
 
-def require_tensorboard() -> Any:
-    """The SummaryWriter class; a usage error (before any run) when tensorboard is absent."""
+def require_tensorboard(logdir: str | Path | None = None) -> Any:
+    """The SummaryWriter class; a usage error (before any run) when tensorboard is absent
+    or `logdir` could not be written (a file there, a folder that is not writable)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -38,7 +40,20 @@ def require_tensorboard() -> Any:
             "--tensorboard needs the tensorboard package, which is not installed",
             hint="pip install 'nandoctor[tensorboard]'",
         ) from None
+    if logdir is not None:
+        _check_logdir(Path(logdir))
     return SummaryWriter
+
+
+def _check_logdir(logdir: Path) -> None:
+    existing = logdir  # NB: the writer makes the missing folders: its nearest existing one
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        which = "" if existing == logdir else f" ({existing})"
+        raise UsageError(f"--tensorboard {logdir}: is a file{which}, expected a folder")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"--tensorboard {logdir}: folder {existing} is not writable")
 
 
 def write_report(report: Report, logdir: str | Path) -> None:
@@ -70,7 +85,10 @@ class _writer:
     """A SummaryWriter that is flushed and closed however the writing ends."""
 
     def __init__(self, logdir: str | Path) -> None:
-        self.writer = require_tensorboard()(log_dir=str(logdir))
+        try:
+            self.writer = require_tensorboard(logdir)(log_dir=str(logdir))
+        except OSError as e:  # NB: checked before the run; the disk may have changed since
+            raise UsageError(f"--tensorboard {logdir}: {e.strerror or e}") from None
 
     def __enter__(self) -> Any:
         return self.writer
