@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from nandoctor.render.junit import render_junit
+from nandoctor.render.junit import render_comparison_junit, render_junit
 from nandoctor.report.gate import Check, Gate
 from nandoctor.report.types import Cause
+from tests.test_render_compare import comparison_of
 from tests.test_render_terminal import failing_report
 
 
@@ -41,3 +42,23 @@ def test_gate_checks_are_cases(tmp_path):
     assert by_name["finite run"].find("failure") is None
     assert by_name["final loss"].find("failure").get("message") == "worse"
     assert suite.get("failures") == "1"
+
+
+def test_an_interrupted_run_is_skipped_not_passed_nor_failed(tmp_path):
+    """Ctrl-C before any NaN: CI must not read the run as finite (it did not finish) nor
+    as a NaN (none was seen)."""
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "interrupted", None
+    suite, by_name = cases(render_junit(report))
+    assert by_name["finite run"].find("failure") is None
+    assert by_name["finite run"].find("skipped") is not None
+    assert (suite.get("failures"), suite.get("skipped")) == ("0", "1")
+
+
+def test_an_interrupted_comparison_skips_its_unfinished_dtype():
+    comparison = comparison_of(("float16", "nonfinite", 7), ("bfloat16", "interrupted", None))
+    suite, by_name = cases(render_comparison_junit(comparison))
+    assert "step 7, phase loss" in by_name["float16"].find("failure").get("message")
+    skipped = by_name["bfloat16"].find("skipped")
+    assert skipped is not None and skipped.get("message") == "interrupted after 7 steps"
+    assert (suite.get("failures"), suite.get("skipped")) == ("1", "1")

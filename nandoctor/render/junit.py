@@ -24,9 +24,13 @@ def render_comparison_junit(comparison: Comparison) -> str:
     """One case per dtype: it stayed finite, or where it did not; the verdict as details."""
     cases = []
     for run in comparison.runs:
+        steps = plural(run.steps_completed, "step")
+        if run.status == "interrupted":  # NB: nothing went non-finite: not a failure
+            cases.append(_case(run.dtype, f"interrupted after {steps}", False, skipped=True))
+            continue
         failed = run.status != "healthy"
         where = f"non-finite at step {run.first_nonfinite_step}, phase {run.first_nonfinite_phase}"
-        message = where if failed else f"{plural(run.steps_completed, 'step')} stayed finite"
+        message = where if failed else f"{steps} stayed finite"
         cases.append(_case(run.dtype, message, failed, details=comparison.verdict))
     return _document("compare", comparison.name or comparison.config, cases, 0.0)
 
@@ -38,6 +42,7 @@ def _document(command: str, run: str, cases: list[ET.Element], seconds: float) -
         tests=str(len(cases)),
         failures=str(sum(c.find("failure") is not None for c in cases)),
         errors="0",
+        skipped=str(sum(c.find("skipped") is not None for c in cases)),
         time=f"{seconds:.3f}",
     )
     for case in cases:
@@ -51,8 +56,8 @@ def _document(command: str, run: str, cases: list[ET.Element], seconds: float) -
 
 def _finite_case(report: Report) -> ET.Element:
     first = report.first_nonfinite
-    if first is None:
-        return _case("finite run", report.summary, failed=False)
+    if first is None:  # NB: an interrupted run is not known finite: skipped, not passed
+        return _case("finite run", report.summary, False, skipped=report.status == "interrupted")
     message = f"non-finite at step {first.step}, phase {first.phase}"
     if first.tensor:
         message += f": {first.tensor} of {first.op or first.module or 'the run'}"
@@ -62,11 +67,15 @@ def _finite_case(report: Report) -> ET.Element:
     return _case("finite run", message, failed=True, details=report.summary)
 
 
-def _case(name: str, message: str, failed: bool, details: str | None = None) -> ET.Element:
+def _case(
+    name: str, message: str, failed: bool, details: str | None = None, skipped: bool = False
+) -> ET.Element:
     case = ET.Element("testcase", name=name)
     if failed:
         failure = ET.SubElement(case, "failure", message=message, type="nandoctor")
         failure.text = details or message
+    elif skipped:
+        ET.SubElement(case, "skipped", message=message)
     else:
         ET.SubElement(case, "system-out").text = message
     return case

@@ -65,6 +65,10 @@ class Comparison:
     def healthy(self) -> bool:
         return all(r.status == "healthy" for r in self.runs)
 
+    @property
+    def interrupted(self) -> bool:
+        return any(r.status == "interrupted" for r in self.runs)
+
     def run(self, dtype: str) -> CompareRun | None:
         return next((r for r in self.runs if r.dtype == dtype), None)
 
