@@ -53,6 +53,7 @@ def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
         app, ["baseline", str(config(project, tmp_path)), "--out", str(out), "-q"]
     )
     assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("nandoctor baseline ")  # the command that ran, -q
     text = out.read_text()
     data = json.loads(text)
     assert data["format"] == "nandoctor-baseline" and data["schema_version"] == 1

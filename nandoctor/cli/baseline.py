@@ -54,7 +54,7 @@ def baseline(
     report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
     if distributed.current_rank() != 0:  # rank 0 writes the baseline
         return Outcome()
-    render_report(console, report, quiet=quiet)
+    render_report(console, report, quiet=quiet, command="baseline")
     outcome = of_baseline(report)
     if outcome.found or outcome.passthrough is not None:
         why = "was interrupted" if outcome.interrupted else "was not healthy"

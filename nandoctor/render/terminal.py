@@ -100,9 +100,13 @@ class StepProgress:
             self._progress.update(self._task, advance=1, loss=f"{verdict.reading.loss:.4g}")
 
 
-def render_report(console: Console, report: Report, quiet: bool = False) -> None:
+def render_report(
+    console: Console, report: Report, quiet: bool = False, command: str | None = None
+) -> None:
+    """The report's panel (or its quiet lines); `command`: the one that ran, where it is
+    not the report's own (`baseline` runs a diagnose)."""
     if quiet:
-        for line in quiet_lines(report):
+        for line in quiet_lines(report, command):
             console.print(escape(line), soft_wrap=True)
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
@@ -131,13 +135,13 @@ def render_report(console: Console, report: Report, quiet: bool = False) -> None
     console.print(Panel(Group(*body), title=_title(report), title_align="left", border_style=style))
 
 
-def quiet_lines(report: Report) -> list[str]:
+def quiet_lines(report: Report, command: str | None = None) -> list[str]:
     """A handful of lines that read well in a CI log."""
     env = report.environment
     state = report.status.upper()
     if report.gate is not None and not report.gate.passed:
         state += ", HEALTH CHECK FAILED"
-    lines = [f"nandoctor {report.command} {report.config}: {state}"]
+    lines = [f"nandoctor {command or report.command} {report.config}: {state}"]
     lines.append(f"  {report.summary}")
     if report.causes:
         top = report.causes[0]
