@@ -47,6 +47,23 @@ def test_a_hand_written_log_softmax_is_found_in_its_cell(here):
     assert finding.code == "loss = torch.log(p)"
 
 
+@pytest.mark.parametrize(
+    ("cells", "pointer"),
+    [
+        (("p = torch.softmax(x, -1)", "loss = torch.log(p)"), "(from cell 3, line 1)"),
+        (("x = 1\n\np = torch.softmax(x, -1)\nloss = torch.log(p)",), "(from line 3)"),
+    ],
+)
+def test_a_message_points_at_the_cell_and_line_a_value_came_from(here, cells, pointer):
+    """Not at a line of the cells joined together (the softmax of the first case is line
+    3 of the module the checks read)."""
+    notebook(
+        here, "nb.ipynb", cell("import torch"), cell("# x", kind="markdown"), *map(cell, cells)
+    )
+    (finding,) = lint_paths(["nb.ipynb"], LintConfig()).findings
+    assert pointer in finding.message
+
+
 def test_the_cli_fails_with_the_cell_location(here):
     notebook(here, "explore.ipynb", *SOFTMAX_NB)
     result = runner.invoke(app, ["lint", "explore.ipynb"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from nandoctor.lint.config import LintConfig
 from nandoctor.lint.files import discover, display_path
-from nandoctor.lint.findings import Finding, LintResult, Skipped
+from nandoctor.lint.findings import FROM_LINE, Finding, LintResult, Skipped
 from nandoctor.lint.notebook import Notebook, NotebookError, is_notebook, read_notebook
 from nandoctor.lint.registry import Check, Hit, all_checks
 from nandoctor.lint.source import Source
@@ -95,12 +96,19 @@ def lint_notebook(path: Path, shown: str, config: LintConfig) -> FileOutcome:
 def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
     cell, line = notebook.where(finding.line)
     end_cell, end_line = notebook.where(finding.end_line)
+
+    def from_cell(match: re.Match[str]) -> str:
+        origin_cell, origin_line = notebook.where(int(match[1]))
+        where = "" if origin_cell == cell else f"cell {origin_cell}, "
+        return f" (from {where}line {origin_line})"
+
     return dataclasses.replace(
         finding,
         cell=cell,
         line=line,
         end_line=end_line if end_cell == cell else line,
         code=notebook.original(finding.line),
+        message=FROM_LINE.sub(from_cell, finding.message),
     )
 
 

@@ -10,9 +10,18 @@ Columns are 1-based and count characters (not UTF-8 bytes, which is what `ast` c
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
+
+# A message's pointer to the line a value came from; in a notebook the engine rewrites it
+# to the cell and the line in it (the checks see the code cells as one module)
+FROM_LINE = re.compile(r" \(from line (\d+)\)")
+
+
+def from_line(line: int) -> str:
+    return f" (from line {line})"
 
 
 class Severity(str, Enum):

@@ -13,7 +13,7 @@ import ast
 from collections.abc import Iterator
 
 from nandoctor.lint import patterns
-from nandoctor.lint.findings import Severity
+from nandoctor.lint.findings import Severity, from_line
 from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source, contains
 from nandoctor.lint.tags import Kind, Tag
@@ -82,7 +82,7 @@ def log_of_softmax(src: Source) -> Iterator[Hit]:
 
 
 def _direct(src: Source, call: ast.Call, argument: ast.AST, tag: Tag) -> str:
-    where = "" if contains(argument, tag.origin) else f" (from line {tag.origin.lineno})"  # type: ignore[attr-defined]
+    where = "" if contains(argument, tag.origin) else from_line(tag.origin.lineno)  # type: ignore[attr-defined]
     return (
         f"Use `F.log_softmax` (or `F.cross_entropy` on the logits) instead of "
         f"`{_log_name(src, call)}` of a softmax{where}: a probability that underflowed to 0 "
