@@ -21,9 +21,18 @@ from nandoctor.errors import ConfigError, UserCodeError
 
 
 def add_python_path(base_dir: Path, folders: Iterable[str]) -> None:
-    """Put the config's `python_path` folders (relative to the config) first on sys.path."""
+    """Put the config's `python_path` folders (relative to the config) first on sys.path;
+    a folder that is not there is a config error (a later 'no module named' would blame
+    the entrypoint)."""
     for folder in reversed(list(folders)):
-        path = str((base_dir / folder).resolve())
+        resolved = (base_dir / folder).resolve()
+        if not resolved.is_dir():
+            what = "is not a folder" if resolved.exists() else "folder not found"
+            raise ConfigError(
+                f"python_path: '{folder}': {what}: {resolved}",
+                hint="python_path folders are relative to the config file",
+            )
+        path = str(resolved)
         if path not in sys.path:
             sys.path.insert(0, path)
 
