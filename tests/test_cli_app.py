@@ -90,6 +90,33 @@ def test_the_cli_never_needs_the_click_package():
     assert done.stdout.strip() == "False", done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["diagnose", "--bogus"], "No such option: --bogus"),
+        (["lint", "--fail-on", "fatal", "x.py"], "Invalid value for '--fail-on': 'fatal'"),
+        (["compare"], "Missing argument 'config'."),
+    ],
+)
+def test_a_mistyped_command_line_is_one_error_line_and_a_hint(args, error):
+    """As every other usage error: one line naming the option (not click's usage, try
+    and error lines), a hint, exit 2."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nandoctor", *args], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 2
+    first, hint = done.stderr.strip().splitlines()
+    assert first.startswith(f"error: {error}")
+    assert hint.startswith("hint: ")  # NB: the program as invoked (here `python -m ...`)
+    assert hint.endswith(f"nandoctor {args[0]} --help lists the options")
+
+
+def test_nandoctor_alone_shows_the_help_and_exits_2():
+    done = subprocess.run([sys.executable, "-m", "nandoctor"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "nandoctor [OPTIONS] COMMAND [ARGS]..." in done.stdout + done.stderr
+
+
 def test_a_command_that_runs_a_model_does_import_it(tmp_path):
     # the probe above can tell: a diagnose that reaches the config's model loads torch
     config = REPO / "configs" / "seed-fixed.yaml"

@@ -57,6 +57,28 @@ CLICK_ENDINGS: tuple[type[BaseException], ...] = (
     typer.Abort,
     *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
 )
+_CLICK_ERROR = CLICK_ENDINGS[-1]
+
+
+def run_app() -> int:
+    """The app as the `nandoctor` command runs it, its exit code returned. A usage error
+    of click's own (an unknown option, a missing argument, a value of the wrong kind) is
+    one line naming the option, as nandoctor's are, not click's usage, try and error
+    lines; `nandoctor` alone shows the help, as click does (exit 2)."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        stderr_console().print("Aborted!")
+        return 1
+    except _CLICK_ERROR as e:
+        if type(e).__name__ == "NoArgsIsHelpError":
+            e.show()
+        else:
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path} --help" if ctx is not None else "nandoctor --help"
+            print_error(UsageError(e.format_message(), hint=f"{where} lists the options"))
+        return e.exit_code
+    return code if isinstance(code, int) else 0
 
 
 def cli_console(*, stderr: bool, soft_wrap: bool = False) -> Console:
