@@ -57,7 +57,7 @@ CLICK_ENDINGS: tuple[type[BaseException], ...] = (
     typer.Abort,
     *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
 )
-_CLICK_ERROR = CLICK_ENDINGS[-1]
+_CLICK_ERROR: Any = CLICK_ENDINGS[-1]  # NB: click.ClickException, typed as typer types it
 
 
 def run_app() -> int:
