@@ -62,6 +62,12 @@ def test_terminal_quiet_keeps_one_line_per_finding():
     assert lines[1] == "Found 1 problem (1 error) in 1 of 2 files checked; 1 suppressed."
 
 
+def test_the_summary_counts_each_severity_in_agreement():
+    found = result().findings
+    doubled = LintResult(found * 2, (), files_checked=1, suppressed=0)
+    assert terminal.summary(doubled).plain.startswith("Found 2 problems (2 errors) in 1 of")
+
+
 def test_terminal_caret_follows_the_dedented_code():
     text = render(
         LintResult(

@@ -78,7 +78,11 @@ def summary(result: LintResult) -> Text:
     checked = f"{result.files_checked} file{'s' * (result.files_checked != 1)} checked"
     if result.files_checked == 0:
         return Text("No Python files or notebooks found.", style="yellow")
-    counts = ", ".join(f"{n} {s}" for s, n in result.counts().items() if n)
+    counts = ", ".join(
+        f"{n} {s}{'s' * (n != 1 and s is not Severity.INFO)}"  # "2 errors", "2 info"
+        for s, n in result.counts().items()
+        if n
+    )
     files = len({f.path for f in result.findings})
     n = len(result.findings)
     if n:
