@@ -43,7 +43,7 @@ def lint(
 
     outputs = {"--json": json_path, "--sarif": sarif_path}
     options.check_outputs(outputs)
-    refuse_sources(outputs, paths)
+    _refuse_sources(outputs, paths)
     config = load_config(paths, select=select, ignore=ignore, fail_on=fail_on)
     result = lint_paths(paths, config)
     stderr = options.report_console_to_stderr(*outputs.values())
@@ -52,7 +52,7 @@ def lint(
     return Outcome(found=result.fails(config.fail_on))
 
 
-def refuse_sources(outputs: dict[str, str | None], paths: list[Path]) -> None:
+def _refuse_sources(outputs: dict[str, str | None], paths: list[Path]) -> None:
     """No report may overwrite what lint reads: a script or notebook (`--json train.py
     other.py` takes train.py for the report's path), a path it was given, or a
     pyproject.toml (exit 2)."""
