@@ -50,6 +50,8 @@ def test_junit_has_one_case_per_dtype(project, tmp_path):
         app, ["compare", str(path), "--dtype", "bf16", "--junit", str(out), "-q"]
     )
     assert result.exit_code == 1
-    cases = {c.get("name"): c for c in ET.parse(out).getroot().iter("testcase")}
+    suite = ET.parse(out).getroot().find("testsuite")
+    assert float(suite.get("time")) > 0  # the runs' wall time, as diagnose's
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
     assert set(cases) == {"float32", "bfloat16"}
     assert cases["bfloat16"].find("failure").get("message") == "non-finite at step 1, phase input"

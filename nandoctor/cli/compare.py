@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,7 @@ def compare(
             console.print(f"[bold]{dtype}[/] on {session.device}")
         progress.append(StepProgress(console, loaded.config.steps, enabled=not quiet).__enter__())
 
+    started = time.perf_counter()
     try:
         comparison = engine.compare(
             loaded, dtypes, on_run=on_run, on_step=lambda v: progress[-1].update(v)
@@ -91,11 +93,14 @@ def compare(
     render_comparison(console, comparison, quiet=quiet)
     if tensorboard_dir:
         tensorboard.write_comparison(comparison, tensorboard_dir)
-    write_outputs(comparison, outputs)
+    write_outputs(comparison, outputs, seconds=time.perf_counter() - started)
     return of_comparison(comparison)
 
 
-def write_outputs(comparison: Comparison, outputs: dict[str, str | None]) -> None:
+def write_outputs(
+    comparison: Comparison, outputs: dict[str, str | None], seconds: float = 0.0
+) -> None:
+    """Every report asked for; `seconds`: the runs' wall time, for JUnit's `time`."""
     from nandoctor.render.junit import render_comparison_junit
     from nandoctor.render.markdown import render_comparison_markdown
     from nandoctor.render.plot import plot_png
@@ -105,6 +110,6 @@ def write_outputs(comparison: Comparison, outputs: dict[str, str | None]) -> Non
     if outputs["--markdown"]:
         write_text(outputs["--markdown"], render_comparison_markdown(comparison), "--markdown")
     if outputs["--junit"]:
-        write_text(outputs["--junit"], render_comparison_junit(comparison), "--junit")
+        write_text(outputs["--junit"], render_comparison_junit(comparison, seconds), "--junit")
     if outputs["--plot"]:
         write_bytes(outputs["--plot"], plot_png(comparison), "--plot")

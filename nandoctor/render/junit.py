@@ -20,8 +20,9 @@ def render_junit(report: Report) -> str:
     return _document(report.command, report.name or report.config, cases, seconds)
 
 
-def render_comparison_junit(comparison: Comparison) -> str:
-    """One case per dtype: it stayed finite, or where it did not; the verdict as details."""
+def render_comparison_junit(comparison: Comparison, seconds: float = 0.0) -> str:
+    """One case per dtype: it stayed finite, or where it did not; the verdict as details.
+    `seconds`: the comparison's wall time (its report records none)."""
     cases = []
     for run in comparison.runs:
         steps = plural(run.steps_completed, "step")
@@ -32,7 +33,7 @@ def render_comparison_junit(comparison: Comparison) -> str:
         where = f"non-finite at step {run.first_nonfinite_step}, phase {run.first_nonfinite_phase}"
         message = where if failed else f"{steps} stayed finite"
         cases.append(_case(run.dtype, message, failed, details=comparison.verdict))
-    return _document("compare", comparison.name or comparison.config, cases, 0.0)
+    return _document("compare", comparison.name or comparison.config, cases, seconds)
 
 
 def _document(command: str, run: str, cases: list[ET.Element], seconds: float) -> str:
