@@ -160,3 +160,15 @@ def test_a_second_root_module_takes_the_models_outputs_not_the_batch(tmp_path):
     assert code == 1 and (first["step"], first["phase"]) == (3, "forward")
     assert (first["op"], first["reproduced"]) == ("aten.mul.Tensor", True)
     assert "nonfinite-input" not in [c["id"] for c in report["causes"]]
+
+
+def test_under_torchrun_the_rank_whose_batch_went_nan_is_the_report(tmp_path):
+    """Rank 1's batch holds a NaN at step 4: rank 1 fails in `input`, rank 0, which the
+    all-reduce handed it to, in `backward`. The report is the origin's, whatever the
+    processes' order."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    script = str(SCRIPTS / "ddp_nan_rank1.py")
+    command = (str(torchrun), "--standalone", "--nproc-per-node", "2", script, "4", "8")
+    code, report = watch(tmp_path, *command, options=("--no-replay",))
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (4, "input")

@@ -85,6 +85,8 @@ def replay_notes(located: Localization | None, failure: Verdict | None = None) -
         return []
     if located.reproduced:
         return [located.note] if located.note else []
+    if not located.reached:  # NB: it saw nothing because it never got there
+        return [f"the instrumented replay did not reach step {located.step}: {located.note}"]
     seen = " reach the loss, a gradient or a weight" if located.transients else ""
     why = "the failure is nondeterministic or transient"
     if failure is not None and failure.phase is Phase.PARAMETERS:

@@ -57,6 +57,7 @@ class Localization:
     seconds: float = 0.0
     note: str | None = None
     transients: list[Transient] = field(default_factory=list)  # healed on the way
+    reached: bool = True  # False: the replay ended before the step (a rerun of a command)
 
     @property
     def reproduced(self) -> bool:

@@ -37,10 +37,25 @@ def load_runs(folder: str) -> list[ChildRun]:
     return sorted(runs, key=_order)
 
 
+# The phases in the order a step goes through them (weights broken before it first)
+_IN_STEP = (
+    Phase.PARAMETERS,
+    Phase.INPUT,
+    Phase.FORWARD,
+    Phase.LOSS,
+    Phase.BACKWARD,
+    Phase.OPTIMIZER,
+)
+
+
 def _order(run: ChildRun) -> tuple:
+    """The earliest bad step first; in the same step, the earliest phase: under torchrun
+    the rank whose batch went NaN fails in `input`, the ranks the all-reduce handed it
+    to in `backward` (they are not its origin)."""
     failure = run.result.failure
     step = failure.step if failure is not None else None
-    return (step is None, step if step is not None else 0, -run.result.steps_run, run.pid)
+    phase = _IN_STEP.index(failure.phase) if failure is not None and failure.phase else 0
+    return (step is None, step if step is not None else 0, phase, -run.result.steps_run, run.pid)
 
 
 def _run(data: dict[str, Any]) -> ChildRun:
@@ -69,7 +84,8 @@ def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
     files = sorted(Path(folder).glob("trace-*.json"))
     tail = f"; its last output: {last_output}" if last_output else ""
     if not files:
-        return Localization(step, None, note=f"the rerun of the command never got there{tail}")
+        note = f"the rerun of the command never got there{tail}"
+        return Localization(step, None, note=note, reached=False)
     data = json.loads(files[0].read_text())
     located = TypeAdapter(Localization).validate_python(data["localization"])
     if data["diverged"] is not None:
@@ -80,5 +96,5 @@ def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
         return replace(located, finding=None, note=note)
     if not data["reached"]:
         note = f"the rerun of the command ended before step {step}{tail}"
-        return replace(located, finding=None, note=note)
+        return replace(located, finding=None, note=note, reached=False)
     return located

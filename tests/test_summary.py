@@ -1,0 +1,35 @@
+"""The report's sentences about the replay: what it saw, or why it saw nothing."""
+
+from __future__ import annotations
+
+from nandoctor.diagnose.summary import replay_notes
+from nandoctor.localize.replay import Localization
+from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.sentinel import Reading, Verdict
+
+
+def verdict(phase: Phase) -> Verdict:
+    reading = Reading(4, False, False, False, True, False, False, float("nan"), 0.0, None)
+    return Verdict(reading, failed=True, step=4, phase=phase)
+
+
+def test_a_replay_that_saw_nothing_calls_the_failure_transient():
+    (note,) = replay_notes(Localization(4, None), verdict(Phase.LOSS))
+    assert note.endswith("saw no non-finite value: the failure is nondeterministic or transient")
+
+
+def test_a_replay_that_never_reached_the_step_says_so_not_transient():
+    """A rerun of a command that ended early saw nothing because it never got there."""
+    located = Localization(
+        4, None, note="the rerun of the command ended before step 4", reached=False
+    )
+    (note,) = replay_notes(located, verdict(Phase.INPUT))
+    assert note == (
+        "the instrumented replay did not reach step 4: the rerun of the command ended before step 4"
+    )
+
+
+def test_weights_broken_before_a_step_the_replay_found_finite_were_changed_outside_it():
+    (note,) = replay_notes(Localization(4, None), verdict(Phase.PARAMETERS))
+    assert "the weights were non-finite when step 4 began" in note
+    assert "something outside the steps changed them" in note
