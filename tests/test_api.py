@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 import warnings
 
 import pytest
@@ -146,7 +147,8 @@ def test_the_error_carries_a_report_every_renderer_and_the_json_read():
     assert "step 2, phase input" in error.message and error.hint.startswith("nonfinite-input")
     report = error.report
     assert Report.from_dict(report.to_dict()).to_dict() == report.to_dict()
-    assert report.command == "guard" and report.config == "my-loop"
+    assert report.command == "guard" and report.name == "my-loop"  # as diagnose's `name`
+    assert report.config == sys.argv[0]  # the script
     console = Console(file=io.StringIO(), width=100, force_terminal=False)
     render_report(console, report)
     assert "NON-FINITE at step 2" in console.file.getvalue()

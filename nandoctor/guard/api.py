@@ -105,7 +105,8 @@ class Guard:
         self.sentinel = Sentinel(self.run, recheck=self._recheck)
         self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
         self.recorder = Recorder(self.result)
-        self.name = name if name is not None else (sys.argv[0] or "<python>")
+        self.name = name  # NB: the report's `name`; its `config` is the script
+        self.script = sys.argv[0] or "<python>"
         self.report: Report | None = None  # set at the first bad step
         self.snapshot_every = snapshot_every
         self.raise_error = raise_error
@@ -248,9 +249,10 @@ class Guard:
         self.report = assemble(
             Findings(
                 "guard",
-                self.name,
+                self.script,
                 environment_of(self.run),
                 result,
+                name=self.name,
                 notes=notes,
                 located=located,
                 causes=causes_of(result, located, facts_of(self.run, result)),
