@@ -80,7 +80,7 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
         else first.value
     )
     grid.add_row("tensor", escape(f"{first.tensor}: {count} in {first.dtype} {first.shape}"))
-    grid.add_row("module", module_tree(first.module, evidence))
+    grid.add_row("module", module_tree(first.module, evidence, first.phase))
     if first.source:
         grid.add_row("source", escape(first.source))
     via = library_frames(first)
@@ -89,8 +89,12 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
     return grid
 
 
-def module_tree(path: str | None, evidence: Evidence | None) -> RenderableType:
-    if path is None:
+def module_tree(
+    path: str | None, evidence: Evidence | None, phase: str | None = None
+) -> RenderableType:
+    if path is None:  # NB: a forward outside the model is another root module's (a GAN's D)
+        if phase == "forward":
+            return "(outside the model: in another module the step called)"
         return "(outside the model: in the loss or the training loop)"
     types = {m.module: m.type for m in evidence.modules} if evidence else {}
     tree = Tree(escape(f"(root) {types.get('', '')}".rstrip()))
