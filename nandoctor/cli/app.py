@@ -50,14 +50,11 @@ app = typer.Typer(
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# How click ends a command with a code of its own. NB: found through typer, whose click is
-# a private copy since typer 0.2x (the `click` package may not even be installed)
-CLICK_ENDINGS: tuple[type[BaseException], ...] = (
-    typer.Exit,
-    typer.Abort,
-    *(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"),
-)
-_CLICK_ERROR: Any = CLICK_ENDINGS[-1]  # NB: click.ClickException, typed as typer types it
+# click's ClickException. NB: found through typer, whose click is a private copy since
+# typer 0.2x (the `click` package may not even be installed); Any, as typer types it
+_CLICK_ERROR: Any = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+# How click ends a command with a code of its own
+CLICK_ENDINGS: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort, _CLICK_ERROR)
 
 
 def run_app() -> int:
