@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 import nandoctor.cli.lint  # noqa: F401  (adds the command to the app)
 from nandoctor.cli.app import app
 from nandoctor.lint import LintConfig, lint_paths
+from nandoctor.lint.findings import Severity
 from nandoctor.lint.notebook import parse_cells, python_line
 
 runner = CliRunner()
@@ -95,8 +96,39 @@ def test_an_unparsable_notebook_is_skipped_and_fails(here):
     result = runner.invoke(app, ["lint", "."])
     assert result.exit_code == 1, result.output
     assert "broken.ipynb: error[not-linted] cannot read: not a notebook" in result.stdout
-    assert "syntax.ipynb:cell 2:1:" in result.stdout
-    assert "No problems in 2 files checked; 2 files could not be linted." in result.stdout
+    assert "syntax.ipynb:cell 2:1:7: error[not-linted] invalid syntax" in result.stdout
+    assert (
+        "No problems in 2 files checked; 1 file and 1 notebook cell could not be linted."
+        in result.stdout
+    )
+
+
+def test_a_cell_that_does_not_parse_hides_nothing_in_the_others(here):
+    """Jupyter compiles each cell on its own: a half-written cell is named (and fails the
+    run), and the cells around it are still linted, the names they share included."""
+    notebook(
+        here,
+        "nb.ipynb",
+        cell("import torch\np = torch.softmax(x, -1)"),
+        cell("for batch in loader:\n    loss = ("),
+        cell("loss = torch.log(p)"),
+    )
+    result = lint_paths(["nb.ipynb"], LintConfig())
+    assert [(f.id, f.cell, f.line) for f in result.findings] == [("log-of-softmax", 3, 1)]
+    (skipped,) = result.skipped
+    assert (skipped.cell, skipped.line, skipped.reason) == (
+        2,
+        2,
+        "invalid syntax: '(' was never closed",
+    )
+    assert result.fails(Severity.ERROR)
+
+
+def test_a_cell_is_compiled_as_ipython_would():
+    """IPython lines and cell magics are not syntax errors; only Python that is one is."""
+    nb = parse_cells([cell("%%time\nx ="), cell("!ls\nif ok:\n    %time f()"), cell("x =")])
+    assert [(e.cell, e.line) for e in nb.errors] == [(3, 1)]
+    assert nb.text == "\n\npass\nif ok:\n    pass\n\n"
 
 
 def test_a_clean_notebook_passes(here):

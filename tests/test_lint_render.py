@@ -7,7 +7,7 @@ import json
 
 from rich.console import Console
 
-from nandoctor.lint import LintResult, lint_text
+from nandoctor.lint import LintResult, lint_paths, lint_text
 from nandoctor.lint.findings import Skipped
 from nandoctor.lint.registry import all_checks
 from nandoctor.lint.render import terminal
@@ -180,3 +180,41 @@ def test_sarif_paths_outside_the_working_directory_are_file_uris(tmp_path):
         for r in json.loads(to_sarif(LintResult(outcome.findings, (), 1, 0)))["runs"][0]["results"]
     ]
     assert all(loc["uri"].startswith("file:///") and "uriBaseId" not in loc for loc in locations)
+
+
+def test_sarif_places_a_notebook_finding_in_the_ipynb_file(tmp_path, monkeypatch):
+    """SARIF's regions count lines of the file a viewer opens: for a notebook that is the
+    .ipynb file's JSON, whatever its layout (Jupyter's one string per line and indent, one
+    line, escaped non-ASCII); the cell and its line are the result's properties."""
+    monkeypatch.chdir(tmp_path)
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# Notes é\n"]},
+        {
+            "cell_type": "code",
+            "metadata": {},
+            "outputs": [{"output_type": "stream", "text": ["p = torch.softmax(z, -1)\n"]}],
+            "source": ["import torch  # é\n", "p = torch.softmax(z, -1)\n", "l = torch.log(p)"],
+        },
+        {"cell_type": "code", "metadata": {}, "source": "x = 1\ndef f(:\n    pass"},
+    ]
+    for layout in ({"indent": 1, "ensure_ascii": False}, {"indent": 1}, {}):
+        path = tmp_path / "nb.ipynb"
+        text = json.dumps({"cells": cells, "nbformat": 4, "nbformat_minor": 5}, **layout)
+        path.write_text(text, encoding="utf-8")
+        run = json.loads(to_sarif(lint_paths(["nb.ipynb"])))["runs"][0]
+        (found,) = run["results"]
+        region = found["locations"][0]["physicalLocation"]["region"]
+        line = text.splitlines()[region["startLine"] - 1]
+        assert region["endLine"] == region["startLine"], layout
+        assert line[region["startColumn"] - 1 : region["endColumn"] - 1] == "torch.log(p)"
+        assert found["properties"] | {"heuristic": False} == {
+            "heuristic": False,
+            "notebookCell": 2,
+            "cellLine": 3,
+            "cellColumn": 5,
+        }
+        (broken,) = run["invocations"][0]["toolExecutionNotifications"]
+        where = broken["locations"][0]["physicalLocation"]["region"]
+        line = text.splitlines()[where["startLine"] - 1]
+        assert line[where["startColumn"] - 1 :].startswith(":\\n    pass"), layout
+        assert broken["properties"]["cellLine"] == 2

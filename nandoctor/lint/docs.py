@@ -48,7 +48,9 @@ Jupyter notebooks (`*.ipynb`) are linted too: their code cells, in order, as one
 `name?`) are skipped, and a cell that starts with a cell magic (`%%bash`, `%%time`) is not
 checked. A finding names its cell, counted from 1 with markdown cells included, and the
 line inside it: `explore.ipynb:cell 3:12:8: error[log-of-softmax] ...`. A notebook that is
-not valid JSON, or a cell with a syntax error, is reported as not linted and fails the run.
+not valid JSON is reported as not linted and fails the run. A cell with a syntax error (a
+half-written one) is named with its line and fails the run too, but hides nothing: Jupyter
+compiles each cell on its own, so the other cells are linted without it.
 
 ## Usage
 
@@ -131,6 +133,9 @@ jobs:
 
 Paths in the SARIF file are relative to the working directory, so run the command from
 the repository root. Each rule carries the catalog's explanation and fix as its help text.
+A notebook's finding is placed where its code is written in the `.ipynb` file (the line of
+its JSON string, as a diff of the file shows it), with the cell and the line in the cell
+as the result's `properties` (`notebookCell`, `cellLine`, `cellColumn`).
 
 ## pre-commit
 

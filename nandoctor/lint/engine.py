@@ -24,7 +24,13 @@ from pathlib import Path
 from nandoctor.lint.config import LintConfig
 from nandoctor.lint.files import discover, display_path
 from nandoctor.lint.findings import FROM_LINE, Finding, LintResult, Skipped
-from nandoctor.lint.notebook import Notebook, NotebookError, is_notebook, read_notebook
+from nandoctor.lint.notebook import (
+    CellError,
+    Notebook,
+    NotebookError,
+    is_notebook,
+    read_notebook,
+)
 from nandoctor.lint.registry import Check, Hit, all_checks
 from nandoctor.lint.source import Source
 from nandoctor.lint.suppress import parse_suppressions
@@ -86,10 +92,11 @@ def lint_notebook(path: Path, shown: str, config: LintConfig) -> FileOutcome:
     except (OSError, NotebookError) as e:
         return FileOutcome(skipped=(Skipped(shown, f"cannot read: {e}"),))
     outcome = lint_text(notebook.text, shown, config)
+    broken = tuple(_broken_cell(shown, e, notebook) for e in notebook.errors)
     return FileOutcome(
         findings=tuple(_in_cell(f, notebook) for f in outcome.findings),
         suppressed=outcome.suppressed,
-        skipped=tuple(_skipped_in_cell(s, notebook) for s in outcome.skipped),
+        skipped=broken + tuple(_skipped_in_cell(s, notebook) for s in outcome.skipped),
     )
 
 
@@ -102,6 +109,9 @@ def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
         where = "" if origin_cell == cell else f"cell {origin_cell}, "
         return f" (from {where}line {origin_line})"
 
+    end = (finding.end_line, finding.end_column) if end_cell == cell else (finding.line, 10**9)
+    start_in_file = notebook.in_file(finding.line, finding.column)
+    end_in_file = notebook.in_file(*end)
     return dataclasses.replace(
         finding,
         cell=cell,
@@ -109,6 +119,7 @@ def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
         end_line=end_line if end_cell == cell else line,
         code=notebook.original(finding.line),
         message=FROM_LINE.sub(from_cell, finding.message),
+        in_file=(*start_in_file, *end_in_file) if start_in_file and end_in_file else None,
     )
 
 
@@ -116,7 +127,16 @@ def _skipped_in_cell(skipped: Skipped, notebook: Notebook) -> Skipped:
     if skipped.line is None:
         return skipped
     cell, line = notebook.where(skipped.line)
-    return dataclasses.replace(skipped, cell=cell, line=line)
+    in_file = notebook.in_file(skipped.line, skipped.column or 1)
+    return dataclasses.replace(skipped, cell=cell, line=line, in_file=in_file)
+
+
+def _broken_cell(shown: str, error: CellError, notebook: Notebook) -> Skipped:
+    """A cell left out of the notebook's module: it does not parse on its own."""
+    first = notebook.cells.index(error.cell) + 1  # its first line in the module
+    line = first + min(error.line or 1, notebook.cells.count(error.cell)) - 1
+    in_file = notebook.in_file(line, error.column or 1)
+    return Skipped(shown, error.message, error.line, error.column, error.cell, in_file)
 
 
 def _run_checks(src: Source, config: LintConfig) -> FileOutcome:

@@ -55,6 +55,9 @@ class Finding:
     code: str  # the source line `line`, for the caret display
     heuristic: bool = False  # True: a pattern that is often fine (severity info)
     cell: int | None = None  # a notebook's cell (1-based); `line` then counts in the cell
+    # a notebook's: (line, column, end_line, end_column) in the .ipynb file itself (SARIF's
+    # regions count there), when the file's layout tells
+    in_file: tuple[int, int, int, int] | None = None
 
     @property
     def where(self) -> str:
@@ -73,6 +76,7 @@ class Skipped:
     line: int | None = None
     column: int | None = None
     cell: int | None = None  # a notebook's cell (1-based); `line` then counts in the cell
+    in_file: tuple[int, int] | None = None  # a notebook's: (line, column) in the .ipynb file
 
 
 @dataclass(frozen=True)

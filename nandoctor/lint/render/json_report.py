@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from nandoctor.causes import catalog
-from nandoctor.lint.findings import Finding, LintResult
+from nandoctor.lint.findings import Finding, LintResult, Skipped
 from nandoctor.version import __version__
 
 SCHEMA_VERSION = 1
@@ -36,8 +36,14 @@ def to_dict(result: LintResult) -> dict[str, Any]:
         "suppressed": result.suppressed,
         "summary": {s.value: n for s, n in result.counts().items()},
         "findings": [_finding(f) for f in result.findings],
-        "skipped": [dataclasses.asdict(s) for s in result.skipped],
+        "skipped": [_skipped(s) for s in result.skipped],
     }
+
+
+def _skipped(skipped: Skipped) -> dict[str, Any]:
+    fields = dataclasses.asdict(skipped)
+    del fields["in_file"]  # NB: SARIF's; here a notebook's place is its cell and line
+    return fields
 
 
 def _finding(finding: Finding) -> dict[str, Any]:

@@ -85,13 +85,21 @@ def _help_markdown(check: Check) -> str:
 
 
 def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
-    region = {
-        "startLine": finding.line,
-        "startColumn": finding.column,
-        "endLine": finding.end_line,
-        "endColumn": finding.end_column,
+    line, column, end_line, end_column = finding.in_file or (
+        finding.line,
+        finding.column,
+        finding.end_line,
+        finding.end_column,
+    )
+    region: dict[str, Any] = {
+        "startLine": line,
+        "startColumn": column,
+        "endLine": end_line,
+        "endColumn": end_column,
         "snippet": {"text": finding.code},
     }
+    if finding.cell is not None and finding.in_file is None:  # NB: never a wrong line
+        region = {"snippet": region["snippet"]}
     return {
         "ruleId": finding.id,
         "ruleIndex": rule_index,
@@ -102,20 +110,32 @@ def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
         ],
         "properties": {
             "heuristic": finding.heuristic,
-            **({"notebookCell": finding.cell} if finding.cell is not None else {}),
+            **_cell_properties(finding.cell, finding.line, finding.column),
         },
     }
 
 
+def _cell_properties(cell: int | None, line: int | None, column: int | None) -> dict[str, Any]:
+    """A notebook's place as users see it (the region counts in the .ipynb file)."""
+    if cell is None:
+        return {}
+    return {"notebookCell": cell, "cellLine": line, "cellColumn": column}
+
+
 def _notification(skipped: Skipped) -> dict[str, Any]:
     location: dict[str, Any] = {"artifactLocation": _artifact(skipped.path)}
-    if skipped.line is not None:
+    if skipped.in_file is not None:
+        location["region"] = {"startLine": skipped.in_file[0], "startColumn": skipped.in_file[1]}
+    elif skipped.line is not None and skipped.cell is None:
         location["region"] = {"startLine": skipped.line, "startColumn": skipped.column or 1}
-    return {
+    notification: dict[str, Any] = {
         "level": "error",
         "message": {"text": f"not linted: {skipped.reason}"},
         "locations": [{"physicalLocation": location}],
     }
+    if skipped.cell is not None:
+        notification["properties"] = _cell_properties(skipped.cell, skipped.line, skipped.column)
+    return notification
 
 
 def _artifact(path: str) -> dict[str, str]:

@@ -92,7 +92,17 @@ def summary(result: LintResult) -> Text:
     if result.suppressed:
         line = line[:-1] + f"; {result.suppressed} suppressed."
     if result.skipped:
-        n_skipped = len(result.skipped)
-        line = line[:-1] + f"; {n_skipped} file{'s' * (n_skipped != 1)} could not be linted."
+        line = line[:-1] + f"; {_not_linted(result.skipped)} could not be linted."
     style = "bold red" if n or result.skipped else "bold green"
     return Text(line, style=style)
+
+
+def _not_linted(skipped: tuple[Skipped, ...]) -> str:
+    """ "2 files", "1 notebook cell", "1 file and 2 notebook cells": a notebook's cell that
+    does not parse leaves the rest of its notebook linted."""
+    cells = sum(s.cell is not None for s in skipped)
+    files = len(skipped) - cells
+    parts = [f"{files} file{'s' * (files != 1)}"] if files else []
+    if cells:
+        parts.append(f"{cells} notebook cell{'s' * (cells != 1)}")
+    return " and ".join(parts)
