@@ -172,3 +172,16 @@ def test_under_torchrun_the_rank_whose_batch_went_nan_is_the_report(tmp_path):
     code, report = watch(tmp_path, *command, options=("--no-replay",))
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"]) == (4, "input")
+
+
+def test_under_torchrun_the_replay_reads_the_origin_ranks_trace(tmp_path):
+    """The rerun writes a trace per process: the launcher's (it imports torch, never
+    steps), rank 0's (the NaN the all-reduce handed it, in `backward`) and rank 1's (its
+    batch): the report is rank 1's, at the tensor, reproduced."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    script = str(SCRIPTS / "ddp_nan_rank1.py")
+    command = (str(torchrun), "--standalone", "--nproc-per-node", "2", script, "4", "8")
+    code, report = watch(tmp_path, *command)
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"], first["tensor"]) == (4, "input", "input:0")
+    assert first["reproduced"] is True and report["notes"] == []

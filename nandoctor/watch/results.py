@@ -81,12 +81,12 @@ def _verdict(data: dict[str, Any]) -> Verdict:
 def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
     """What the replay run found at `step`; a note says why when it found nothing (with
     the rerun's last line of output when it ended early)."""
-    files = sorted(Path(folder).glob("trace-*.json"))
+    traces = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("trace-*.json"))]
     tail = f"; its last output: {last_output}" if last_output else ""
-    if not files:
+    if not traces:
         note = f"the rerun of the command never got there{tail}"
         return Localization(step, None, note=note, reached=False)
-    data = json.loads(files[0].read_text())
+    data = min(traces, key=_trace_order)
     located = TypeAdapter(Localization).validate_python(data["localization"])
     if data["diverged"] is not None:
         note = (
@@ -98,3 +98,14 @@ def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
         note = f"the rerun of the command ended before step {step}{tail}"
         return replace(located, finding=None, note=note, reached=False)
     return located
+
+
+def _trace_order(data: dict[str, Any]) -> tuple:
+    """The process whose replay found the failure first, as `_order` picks the first run's:
+    under torchrun every rank (and the launcher, which imports torch but never steps)
+    writes a trace; the rank whose batch went NaN found it in `input`, the ranks the
+    all-reduce handed it to in `backward`."""
+    finding = data["localization"].get("finding")
+    phase = finding.get("phase") if finding else None
+    in_step = _IN_STEP.index(Phase(phase)) if phase in {p.value for p in _IN_STEP} else 0
+    return (not data["reached"], data["diverged"] is not None, finding is None, in_step)
