@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from torch import nn
 
 from nandoctor.errors import ConfigError
@@ -62,6 +63,40 @@ def test_a_nan_in_rank_1s_fifth_batch_is_born_on_rank_1_and_rank_0_inherited_it(
     assert report["steps_completed"] == 5
 
 
+LAYERED = (
+    TRAIN
+    + """
+
+class Layered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 16), nn.Linear(16, 16)])
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def build_model():
+    return Layered()
+"""
+)
+
+
+@pytest.mark.slow
+def test_a_model_whose_blocks_are_in_a_module_list_is_sharded_and_diagnosed(tmp_path):
+    """The usual `self.layers = nn.ModuleList(...)`, sharded by default (it was an
+    internal error: `fully_shard` refuses a container without forward)."""
+    proc, report = run_two_ranks(
+        tmp_path, {"nan_rank": 1, "nan_step": 3}, train=LAYERED, extra=FSDP
+    )
+    assert proc.returncode == 1, proc.stderr
+    first = report["first_nonfinite"]
+    assert (first["step"], first["phase"], first["tensor"]) == (3, "input", "input:0")
+
+
 @pytest.mark.slow
 def test_a_nan_born_in_rank_0s_backward_is_found_before_the_reduce_scatter(tmp_path):
     config = FSDP + "loss: train.py:gated_loss\n"
@@ -91,6 +126,9 @@ class Block(nn.Module):
         self.proj = nn.Linear(4, 4)
         self.act = nn.ReLU()
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.proj(x))
+
 
 def _model() -> nn.Module:
     return nn.Sequential(Block(), Block(), nn.Dropout(0.1), nn.Linear(4, 2))
@@ -105,6 +143,38 @@ def test_shard_modules_names_modules_by_path_or_class_and_shards_the_deepest_fir
     model = _model()
     assert fsdp._targets(model, ["Block"]) == [model[0], model[1]]
     assert fsdp._targets(model, ["0", "0.proj"]) == [model[0].proj, model[0]]
+
+
+class Stack(nn.Module):
+    """A transformer's layout: its blocks in an `nn.ModuleList`, which has no forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.norms = nn.ModuleDict({"final": nn.LayerNorm(4)})
+        self.extra = nn.ParameterList([nn.Parameter(torch.ones(4))])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.norms["final"](self.embed(x)) * self.extra[0]
+
+
+def test_a_container_without_forward_is_sharded_one_module_at_a_time():
+    """`fully_shard` refuses an `nn.ModuleList`: the default shards each block in it, as a
+    name does (`layers`, by path); parameters a container holds itself stay the root's."""
+    model = Stack()
+    blocks, final = list(model.layers), model.norms["final"]
+    assert fsdp._targets(model, None) == [model.embed, *blocks, final]
+    assert fsdp._targets(model, ["layers"]) == blocks
+    assert fsdp._targets(model, ["norms", "layers.1.proj"]) == [blocks[1].proj, final]
+
+
+def test_the_root_named_by_its_class_is_sharded_last_as_always():
+    model = _model()
+    assert fsdp._targets(model, ["Sequential"]) == []
+    assert fsdp._targets(model, ["Sequential", "Block"]) == [model[0], model[1]]
 
 
 def test_a_shard_module_that_names_nothing_or_holds_no_parameters_is_a_config_error():

@@ -2,8 +2,9 @@
 
 Each rank builds the model with the same seed, then `fully_shard` goes on each child module
 that holds parameters (or on the modules `distributed.shard_modules` names: the transformer
-blocks, say), deepest first, and last on the root. The optimizer is built afterwards, on
-the sharded parameters (DTensors), so each rank steps its own shard.
+blocks, say; a `ModuleList` stands for its modules), deepest first, and last on the root.
+The optimizer is built afterwards, on the sharded parameters (DTensors), so each rank steps
+its own shard.
 
 The origin rule is DDP's: a rank whose own gradients went non-finite *before* they were
 combined is an origin. FSDP2 combines them with one reduce-scatter per sharded module, and
@@ -119,11 +120,12 @@ def _targets(model: nn.Module, names: Sequence[str] | None) -> list[nn.Module]:
     if not _holds_parameters(model):
         raise ConfigError("distributed.strategy: fsdp: the model has no parameters to shard")
     if names is None:
-        return [child for child in model.children() if _holds_parameters(child)]
+        return [m for child in model.children() for m in _shardable(child)]
     by_path = dict(model.named_modules())
-    chosen: dict[str, nn.Module] = {}
+    depth = {id(m): p.count(".") for p, m in by_path.items()}
+    chosen: dict[int, nn.Module] = {}  # NB: by id: a module shared by two paths
     for name in names:
-        found = {p: m for p, m in by_path.items() if p and (p == name or type(m).__name__ == name)}
+        found = {p: m for p, m in by_path.items() if p == name or type(m).__name__ == name}
         if not found:
             raise ConfigError(
                 f"distributed.shard_modules: no module of the model is named or typed "
@@ -131,16 +133,30 @@ def _targets(model: nn.Module, names: Sequence[str] | None) -> list[nn.Module]:
             )
         empty = [p for p, m in found.items() if not _holds_parameters(m)]
         if empty:
+            where = f" ({empty[0]})" if empty[0] else " (the model itself)"
             raise ConfigError(
-                f"distributed.shard_modules: '{name}' ({empty[0]}) holds no parameters to shard"
+                f"distributed.shard_modules: '{name}'{where} holds no parameters to shard"
             )
-        chosen.update(found)
-    deepest_first = sorted(chosen, key=lambda p: -p.count("."))
-    return [chosen[p] for p in deepest_first]
+        for path, module in found.items():
+            if path:  # NB: the root (named by its class) is sharded last anyway
+                chosen.update({id(m): m for m in _shardable(module)})
+    return sorted(chosen.values(), key=lambda m: -depth[id(m)])  # NB: deepest first
 
 
 def _holds_parameters(module: nn.Module) -> bool:
     return any(True for _ in module.parameters())
+
+
+def _shardable(module: nn.Module) -> list[nn.Module]:
+    """`module`, or for a container that has no forward of its own (`nn.ModuleList`,
+    `nn.ModuleDict`: `fully_shard` refuses them) the modules it holds, as users shard a
+    transformer's `layers` one block at a time. NB: parameters a container holds itself
+    (`nn.ParameterList`) stay with the root's shard."""
+    if not _holds_parameters(module):
+        return []
+    if type(module).forward is not nn.Module.forward:
+        return [module]
+    return [m for child in module.children() for m in _shardable(child)]
 
 
 def _suggest(name: str, by_path: dict[str, nn.Module]) -> str:
