@@ -96,6 +96,10 @@ def test_the_cli_never_needs_the_click_package():
         (["diagnose", "--bogus"], "No such option: --bogus"),
         (["lint", "--fail-on", "fatal", "x.py"], "Invalid value for '--fail-on': 'fatal'"),
         (["compare"], "Missing argument 'config'."),
+        # NB: a budget of nan compares false with everything (watch replayed always)
+        (["watch", "--replay-budget", "nan", "--", "true"], "Invalid value for '--replay-budget'"),
+        (["diagnose", "x.yaml", "--time-budget", "NaN"], "Invalid value for '--time-budget'"),
+        (["diagnose", "x.yaml", "--max-headroom", "nan"], "Invalid value for '--max-headroom'"),
     ],
 )
 def test_a_mistyped_command_line_is_one_error_line_and_a_hint(args, error):

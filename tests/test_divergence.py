@@ -108,8 +108,13 @@ def test_a_finite_explosion_carries_a_divergence_event_and_can_fail_ci(project, 
     (event,) = [e for e in report["events"] if e["kind"] == "divergence" and e["metric"] == "loss"]
     assert event["value"] >= MIN_RATIO * event["baseline"]
     assert f"loss diverged at step {event['step']}" in result.output
+    assert ": HEALTHY\n" in result.output  # information only, by default
     failing = runner.invoke(app, ["diagnose", str(config), "-q", "--fail-on-divergence"])
     assert failing.exit_code == 1
+    assert ": HEALTHY, DIVERGED\n" in failing.output  # the headline agrees with the exit code
+    panel = runner.invoke(app, ["diagnose", str(config), "--fail-on-divergence"])
+    assert f"DIVERGED at step {event['step']} (every step finite)" in panel.output
+    assert "HEALTHY" not in panel.output
 
 
 def test_a_healthy_run_has_no_divergence(project):

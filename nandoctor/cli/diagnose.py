@@ -42,7 +42,11 @@ def diagnose(
     junit_path: str | None = options.Junit,
     no_verify: bool = typer.Option(False, "--no-verify", help="Do not replay the fixes."),
     verify_budget: float = typer.Option(
-        DEFAULT_VERIFY_BUDGET, "--verify-budget", min=0, help="Seconds for all fix replays."
+        DEFAULT_VERIFY_BUDGET,
+        "--verify-budget",
+        min=0,
+        callback=options.a_number,
+        help="Seconds for all fix replays.",
     ),
     time_budget: float | None = options.TimeBudget,
     baseline: str | None = typer.Option(None, "--baseline", help="Gate on this baseline file."),
@@ -50,21 +54,32 @@ def diagnose(
         None,
         "--max-headroom",
         min=0,
+        callback=options.a_number,
         help="Largest fraction of 65504 allowed (default 0.5, float16 runs).",
     ),
     max_activation_growth: float | None = typer.Option(
-        DEFAULTS.max_activation_growth, min=1, help="Opt-in: per-module activation peak growth."
+        DEFAULTS.max_activation_growth,
+        min=1,
+        callback=options.a_number,
+        help="Opt-in: per-module activation peak growth.",
     ),
     max_gradient_growth: float | None = typer.Option(
-        DEFAULTS.max_gradient_growth, min=1, help="Opt-in: per-module gradient and p90 growth."
+        DEFAULTS.max_gradient_growth,
+        min=1,
+        callback=options.a_number,
+        help="Opt-in: per-module gradient and p90 growth.",
     ),
     skip_streak_margin: int = typer.Option(DEFAULTS.skip_streak_margin, min=0),
     max_loss_increase: float | None = typer.Option(
-        DEFAULTS.max_loss_increase, min=0, help="Opt-in: relative final-loss increase."
+        DEFAULTS.max_loss_increase,
+        min=0,
+        callback=options.a_number,
+        help="Opt-in: relative final-loss increase.",
     ),
     max_headroom_loss: float = typer.Option(
         DEFAULTS.max_headroom_loss,
         min=1,
+        callback=options.a_number,
         help="A module's peak over the baseline's, where it is above 1/64 of the dtype's range.",
     ),
     nproc_per_node: int | None = typer.Option(
@@ -123,7 +138,7 @@ def diagnose(
         raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
-    render_report(console, report, quiet=quiet)
+    render_report(console, report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:
         tensorboard.write_report(report, tensorboard_dir)
     write_reports(report, outputs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +16,14 @@ from nandoctor.setup.limits import MAX_STEPS
 
 if TYPE_CHECKING:
     from nandoctor.setup.load import LoadedConfig
+
+
+def a_number(value: float | None) -> float | None:
+    """A budget or tolerance: `inf` means no limit, but `nan` means nothing (every
+    comparison with it is false: `--replay-budget nan` replayed always)."""
+    if value is not None and math.isnan(value):
+        raise typer.BadParameter("expected a number, got nan")
+    return value
 
 
 def dtype_name(value: str | None) -> str | None:
@@ -111,7 +120,11 @@ Json = typer.Option(None, "--json", help="Write the JSON report here ('-' for st
 Markdown = typer.Option(None, "--markdown", help="Write a Markdown report here ('-' for stdout).")
 Junit = typer.Option(None, "--junit", help="Write a JUnit XML report here, for CI test reporters.")
 TimeBudget = typer.Option(
-    None, "--time-budget", min=0, help="Stop the run after this many seconds; judge the steps done."
+    None,
+    "--time-budget",
+    min=0,
+    callback=a_number,
+    help="Stop the run after this many seconds; judge the steps done.",
 )
 Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")
 Debug = typer.Option(False, "--debug", help="Show Python tracebacks for errors.")

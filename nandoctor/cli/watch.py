@@ -37,6 +37,7 @@ def watch(
         DEFAULT_REPLAY_BUDGET,
         "--replay-budget",
         min=0,
+        callback=options.a_number,
         help="Replay only if the run failed within this many seconds.",
     ),
     quiet: bool = options.Quiet,
@@ -78,7 +79,7 @@ def watch(
         stdout_to_stderr=options.report_console_to_stderr(*outputs.values()),
     )
     watched = runner.watch(list(command), opts, on_replay=on_replay)
-    render_report(console, watched.report, quiet=quiet)
+    render_report(console, watched.report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:
         tensorboard.write_report(watched.report, tensorboard_dir)
     write_reports(watched.report, outputs)

@@ -101,16 +101,24 @@ class StepProgress:
 
 
 def render_report(
-    console: Console, report: Report, quiet: bool = False, command: str | None = None
+    console: Console,
+    report: Report,
+    quiet: bool = False,
+    command: str | None = None,
+    divergence_fails: bool = False,
 ) -> None:
     """The report's panel (or its quiet lines); `command`: the one that ran, where it is
-    not the report's own (`baseline` runs a diagnose)."""
+    not the report's own (`baseline` runs a diagnose). `divergence_fails`: the run was
+    asked to fail on a divergence (`--fail-on-divergence`): a finite run that diverged
+    is then headed as the failure its exit code says it is, not as healthy."""
     if quiet:
-        for line in quiet_lines(report, command):
+        for line in quiet_lines(report, command, divergence_fails):
             console.print(escape(line), soft_wrap=True)
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
-    if report.gate is not None and not report.gate.passed:
+    if (report.gate is not None and not report.gate.passed) or _failed_divergence(
+        report, divergence_fails
+    ):
         style = "red"
     body: list = [escape(report.summary)]
     where = origin_block(report)
@@ -132,15 +140,24 @@ def render_report(
         body.append(f"[dim]{skips}[/]")
     for note in report.notes:
         body.append(f"[dim]note: {escape(note)}[/]")
-    console.print(Panel(Group(*body), title=_title(report), title_align="left", border_style=style))
+    title = _title(report, divergence_fails)
+    console.print(Panel(Group(*body), title=title, title_align="left", border_style=style))
 
 
-def quiet_lines(report: Report, command: str | None = None) -> list[str]:
+def _failed_divergence(report: Report, divergence_fails: bool) -> bool:
+    return divergence_fails and report.status == "healthy" and bool(divergences(report.events))
+
+
+def quiet_lines(
+    report: Report, command: str | None = None, divergence_fails: bool = False
+) -> list[str]:
     """A handful of lines that read well in a CI log."""
     env = report.environment
     state = report.status.upper()
     if report.gate is not None and not report.gate.passed:
         state += ", HEALTH CHECK FAILED"
+    if _failed_divergence(report, divergence_fails):
+        state += ", DIVERGED"
     lines = [f"nandoctor {command or report.command} {report.config}: {state}"]
     lines.append(f"  {report.summary}")
     if report.causes:
@@ -172,12 +189,15 @@ def _gate(report: Report) -> Table:
     return grid
 
 
-def _title(report: Report) -> str:
+def _title(report: Report, divergence_fails: bool = False) -> str:
     first = report.first_nonfinite
     if first is not None:
         return f"[bold red]NON-FINITE at step {first.step} · phase {first.phase}[/]"
     if report.gate is not None and not report.gate.passed:
         return "[bold red]HEALTH CHECK FAILED[/] (every step finite)"
+    if _failed_divergence(report, divergence_fails):
+        step = min(e.step for e in divergences(report.events))
+        return f"[bold red]DIVERGED at step {step}[/] (every step finite)"
     if report.status == "healthy":
         return "[bold green]HEALTHY[/]"
     return f"[bold yellow]{report.status.upper()}[/]"

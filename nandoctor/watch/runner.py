@@ -155,8 +155,8 @@ def _maybe_replay(
         return None, [f"no replay (--no-replay): {_RERUN_HINT}"]
     if result.seconds > options.replay_budget:
         return None, [
-            f"no replay: the command took {result.seconds:.0f} s to fail, more than the "
-            f"replay budget of {options.replay_budget:.0f} s (--replay-budget); {_RERUN_HINT}"
+            f"no replay: the command took {_seconds(result.seconds)} to fail, more than the "
+            f"replay budget of {_seconds(options.replay_budget)} (--replay-budget); {_RERUN_HINT}"
         ]
     if on_replay is not None:
         on_replay(failure.step)
@@ -173,6 +173,11 @@ def _maybe_replay(
 
     located, result.failure = localize_failure(failure, result.start_step, replay)
     return located, []
+
+
+def _seconds(value: float) -> str:
+    """`12 s`, `1.3 s`: under 10 s a tenth shows (a 1.3 s run, a budget of 0.9 s)."""
+    return f"{value:.0f} s" if value >= 10 or value == int(value) else f"{value:.1f} s"
 
 
 def _last_line(log: Path) -> str:
