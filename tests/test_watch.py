@@ -185,3 +185,50 @@ def test_under_torchrun_the_replay_reads_the_origin_ranks_trace(tmp_path):
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"], first["tensor"]) == (4, "input", "input:0")
     assert first["reproduced"] is True and report["notes"] == []
+
+
+SLOW_NAN = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(400):
+    x = torch.randn(4, 8)
+    if step == 20:
+        x[0, 0] = float("nan")
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    time.sleep(0.1)
+"""
+
+
+def test_a_ctrl_c_during_the_replay_is_an_interrupt_not_a_rerun_that_ended_early(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group while the command is rerun: the
+    report keeps the step the first run found and says the replay was interrupted (130),
+    as `diagnose` does; it is not the rerun's fault."""
+    import os
+    import signal
+    import subprocess
+
+    (tmp_path / "train.py").write_text(SLOW_NAN)
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen(
+        [PY, "-m", "nandoctor", "watch", "--json", str(out), "--", PY, "train.py"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # NB: a process group of its own, as a terminal's job
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "rerunning the command" in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # NB: the rerun needs 2 s to reach step 20
+    proc.stderr.read()
+    assert proc.wait(60) == 130
+    report = json.loads(out.read_text())
+    assert report["status"] == "interrupted"
+    assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (20, "input")
+    assert report["notes"] == [
+        "interrupted during the instrumented replay: where and why are unknown"
+    ]

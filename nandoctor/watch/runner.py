@@ -31,6 +31,7 @@ import torch
 
 from nandoctor.diagnose.assemble import INTERRUPTED_CODE, Findings, assemble
 from nandoctor.diagnose.explain import causes_of
+from nandoctor.diagnose.summary import REPLAY_INTERRUPTED
 from nandoctor.errors import UsageError
 from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
@@ -73,9 +74,14 @@ def watch(
     failure = first.result.failure if first is not None else None
     located: Localization | None = None
     notes: list[str] = []
+    interrupted = None
     if first is not None and failure is not None and failure.step is not None:
-        located, notes = _maybe_replay(command, first.result, options, on_replay)
-    return Watched(_report(command, first, code, located, notes, attached), code)
+        try:
+            located, notes = _maybe_replay(command, first.result, options, on_replay)
+        except KeyboardInterrupt:  # NB: Ctrl-C (or SIGTERM) while the rerun ran
+            interrupted = REPLAY_INTERRUPTED
+    report = _report(command, first, code, located, notes, attached, interrupted)
+    return Watched(report, INTERRUPTED_CODE if interrupted else code)
 
 
 def run_command(
@@ -84,8 +90,11 @@ def run_command(
     log: Path | None = None,
     timeout: float | None = None,
     stdout_to_stderr: bool = False,
+    interrupt_raises: bool = False,
 ) -> int:
-    """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted)."""
+    """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted).
+    `interrupt_raises`: a Ctrl-C (or SIGTERM) stops the command, then raises
+    KeyboardInterrupt (a rerun's end is not the command's)."""
     env = dict(os.environ)
     env[ENV] = settings.to_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOT_DIR), env.get("PYTHONPATH")) if p)
@@ -98,10 +107,12 @@ def run_command(
     finally:
         if out is not None:
             out.close()
-    return _wait(proc, timeout, settings.dir)
+    return _wait(proc, timeout, settings.dir, interrupt_raises)
 
 
-def _wait(proc: subprocess.Popen, timeout: float | None, folder: str) -> int:
+def _wait(
+    proc: subprocess.Popen, timeout: float | None, folder: str, interrupt_raises: bool = False
+) -> int:
     """The command's exit code. A process of the command that the sentinel stopped (a
     worker of a `multiprocessing.Pool`, whose pool would wait for it forever) gives the
     command `GRACE_S` to end by itself; then it is stopped."""
@@ -122,8 +133,10 @@ def _wait(proc: subprocess.Popen, timeout: float | None, folder: str) -> int:
                     _stop(proc)
                     code = proc.wait()
                     break
-    except (KeyboardInterrupt, subprocess.TimeoutExpired):  # Ctrl-C, SIGTERM or too long
+    except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:  # Ctrl-C, SIGTERM, too long
         _stop(proc)
+        if interrupt_raises and isinstance(e, KeyboardInterrupt):
+            raise
         return INTERRUPTED_CODE
     return 128 - code if code < 0 else code
 
@@ -168,7 +181,7 @@ def _maybe_replay(
         with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
             settings = Settings(folder, trace_step=step, loss_scale=loss_scale)
             log = Path(folder) / "replay.log"
-            run_command(command, settings, log=log, timeout=timeout)
+            run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
             return results.load_trace(folder, step, _last_line(log))
 
     located, result.failure = localize_failure(failure, result.start_step, replay)
@@ -196,9 +209,11 @@ def _report(
     located: Localization | None,
     notes: list[str],
     attached: bool,
+    interrupted: str | None = None,
 ) -> Report:
     """The report of the first process that stepped (the failing one first), decided
-    with the command's own exit code (see `assemble.status_of`)."""
+    with the command's own exit code (see `assemble.status_of`); `interrupted`: what an
+    interrupt cut short (the replay)."""
     if first is None:
         result = RunResult("healthy", 0, 0)
         notes = [*notes, _NOT_ATTACHED if not attached else "no optimizer step was seen"]
@@ -217,6 +232,7 @@ def _report(
         located=located,
         causes=causes_of(result, located, facts),
         command_code=code,
+        interrupted=interrupted,
     )
     return assemble(findings)
 
