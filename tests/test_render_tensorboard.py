@@ -102,3 +102,21 @@ def test_a_file_where_the_folder_goes_is_one_line_before_the_run(project, tmp_pa
     )
     assert "step" not in result.stdout  # no run
     assert (tmp_path / "tb").read_text() == "mine" and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("command", ["diagnose", "compare", "watch"])
+def test_a_report_at_the_folders_path_is_one_line_before_the_run(project, tmp_path, command):
+    """`--json out --tensorboard out`: the writer would make the folder, and the report
+    could not be written over it after the whole run."""
+    config = project(base_config(steps=3))
+    same = str(tmp_path / "out")
+    run = ["--", sys.executable, "-c", "pass"] if command == "watch" else [str(config)]
+    args = ["--tensorboard", same, "--json", same]
+    result = runner.invoke(
+        app, [command, *args, *run] if command == "watch" else [command, *run, *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[0] == (
+        f"error: --json and --tensorboard name the same path: {same}"
+    )
+    assert not (tmp_path / "out").exists()

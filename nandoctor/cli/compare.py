@@ -12,7 +12,7 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.diagnose import launch_ranks
 from nandoctor.cli.outcome import Outcome, of_comparison
-from nandoctor.cli.output import resolved, write_bytes, write_text
+from nandoctor.cli.output import write_bytes, write_text
 
 if TYPE_CHECKING:
     from nandoctor.render.terminal import StepProgress
@@ -58,9 +58,7 @@ def compare(
     options.check_outputs(outputs)
     if plot_path:
         require_matplotlib()
-    if tensorboard_dir:
-        tensorboard_dir = resolved(tensorboard_dir)  # NB: the user's code may chdir
-        tensorboard.require_tensorboard(tensorboard_dir)
+    tensorboard_dir = options.checked_logdir(tensorboard_dir, outputs)
     loaded = load_config(config).with_overrides(
         steps=steps, device=device, seed=seed, autocast_policy=autocast_policy
     )

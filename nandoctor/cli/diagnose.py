@@ -15,7 +15,7 @@ from rich.console import Console
 from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
-from nandoctor.cli.output import resolved, write_text
+from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.errors import RankDied
 from nandoctor.gate.tolerances import Tolerances
@@ -101,9 +101,7 @@ def diagnose(
 
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
-    if tensorboard_dir:
-        tensorboard_dir = resolved(tensorboard_dir)  # NB: the user's code may chdir
-        tensorboard.require_tensorboard(tensorboard_dir)
+    tensorboard_dir = options.checked_logdir(tensorboard_dir, outputs)
     loaded = load_config(config).with_overrides(
         steps=steps, device=device, dtype=dtype, seed=seed, autocast_policy=autocast_policy
     )

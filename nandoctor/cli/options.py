@@ -73,6 +73,22 @@ def check_outputs(outputs: dict[str, str | None]) -> dict[str, str | None]:
     return outputs
 
 
+def checked_logdir(logdir: str | None, outputs: dict[str, str | None]) -> str | None:
+    """`--tensorboard`'s folder, absolute (the user's code may `chdir`), checked before a
+    long run: tensorboard installed, the folder writable, and not a report's path (the
+    report could not be written over the folder the writer made)."""
+    if not logdir:
+        return None
+    from nandoctor.render import tensorboard  # NB: not for every command's start-up
+
+    logdir = resolved(logdir)
+    tensorboard.require_tensorboard(logdir)
+    for option, path in outputs.items():
+        if path and path != "-" and os.path.realpath(path) == os.path.realpath(logdir):
+            raise UsageError(f"{option} and --tensorboard name the same path: {path}")
+    return logdir
+
+
 def protect_inputs(
     outputs: dict[str, str | None], loaded: LoadedConfig, **others: str | None
 ) -> None:

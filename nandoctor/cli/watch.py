@@ -10,7 +10,7 @@ from nandoctor.cli import options
 from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.diagnose import write_reports
 from nandoctor.cli.outcome import Outcome, of_watch
-from nandoctor.cli.output import check_not_input, resolved
+from nandoctor.cli.output import check_not_input
 from nandoctor.errors import UsageError
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET
 
@@ -59,9 +59,7 @@ def watch(
     files = {f"command's file {a}": Path(a) for a in command if Path(a).is_file()}
     for option, path in outputs.items():
         check_not_input(path, option, files)
-    if tensorboard_dir:
-        tensorboard_dir = resolved(tensorboard_dir)  # NB: the command may chdir
-        tensorboard.require_tensorboard(tensorboard_dir)
+    tensorboard_dir = options.checked_logdir(tensorboard_dir, outputs)
     # NB: the command owns stdout; the report goes to stderr (JSON to stdout only with `-`)
     console = cli_console(stderr=True)
 
