@@ -202,10 +202,9 @@ for step in range(400):
 """
 
 
-def test_a_ctrl_c_during_the_replay_is_an_interrupt_not_a_rerun_that_ended_early(tmp_path):
-    """Ctrl-C reaches the terminal's whole process group while the command is rerun: the
-    report keeps the step the first run found and says the replay was interrupted (130),
-    as `diagnose` does; it is not the rerun's fault."""
+def ctrl_c(tmp_path, *options: str, when: str) -> tuple[int, str, dict]:
+    """`watch` on SLOW_NAN in a process group of its own, as a terminal's job; the whole
+    group gets a Ctrl-C (SIGINT) once `when` shows in its output."""
     import os
     import signal
     import subprocess
@@ -213,22 +212,42 @@ def test_a_ctrl_c_during_the_replay_is_an_interrupt_not_a_rerun_that_ended_early
     (tmp_path / "train.py").write_text(SLOW_NAN)
     out = tmp_path / "r.json"
     proc = subprocess.Popen(
-        [PY, "-m", "nandoctor", "watch", "--json", str(out), "--", PY, "train.py"],
+        [PY, "-m", "nandoctor", "watch", "--json", str(out), *options, "--", PY, "train.py"],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # NB: a process group of its own, as a terminal's job
+        start_new_session=True,
     )
     assert proc.stderr is not None
+    seen = ""
     for line in proc.stderr:
-        if "rerunning the command" in line:
+        seen += line
+        if when in line:
             break
-    os.killpg(proc.pid, signal.SIGINT)  # NB: the rerun needs 2 s to reach step 20
-    proc.stderr.read()
-    assert proc.wait(60) == 130
-    report = json.loads(out.read_text())
+    os.killpg(proc.pid, signal.SIGINT)
+    seen += proc.stderr.read()
+    return proc.wait(60), seen, json.loads(out.read_text())
+
+
+def test_a_ctrl_c_during_the_replay_is_an_interrupt_not_a_rerun_that_ended_early(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group while the command is rerun: the
+    report keeps the step the first run found and says the replay was interrupted (130),
+    as `diagnose` does; it is not the rerun's fault."""
+    # NB: the rerun needs 2 s to reach step 20
+    code, _, report = ctrl_c(tmp_path, when="rerunning the command")
+    assert code == 130
     assert report["status"] == "interrupted"
     assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (20, "input")
     assert report["notes"] == [
         "interrupted during the instrumented replay: where and why are unknown"
     ]
+
+
+def test_a_ctrl_c_after_the_failure_starts_no_replay(tmp_path):
+    """With --continue the script goes on past its bad step; a Ctrl-C then ends the watch
+    with the failure as found, and the command is not run again behind the user's back."""
+    code, output, report = ctrl_c(tmp_path, "--continue", when="step 20 went non-finite")
+    assert code == 1 and report["status"] == "nonfinite"  # what it found, as without Ctrl-C
+    assert "rerunning the command" not in output
+    assert report["first_nonfinite"]["step"] == 20
+    assert report["notes"][0].startswith("no replay: the command was interrupted")

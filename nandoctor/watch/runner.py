@@ -75,7 +75,9 @@ def watch(
     located: Localization | None = None
     notes: list[str] = []
     interrupted = None
-    if first is not None and failure is not None and failure.step is not None:
+    if code == INTERRUPTED_CODE and failure is not None:  # NB: Ctrl-C after the failure
+        notes = [f"no replay: the command was interrupted; {_RERUN_HINT}"]
+    elif first is not None and failure is not None and failure.step is not None:
         try:
             located, notes = _maybe_replay(command, first.result, options, on_replay)
         except KeyboardInterrupt:  # NB: Ctrl-C (or SIGTERM) while the rerun ran
