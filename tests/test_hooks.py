@@ -166,6 +166,67 @@ def test_a_forward_that_raises_leaves_the_next_step_announced(light, monkeypatch
     assert (3, "start", "forward") in probe.seen  # the fifth batch, the fourth step
 
 
+def gan_loop(steps: int, order: str, g_steps_until: int | None = None) -> list[tuple]:
+    """A GAN's loop under StepHooks as `watch` runs it (nothing given): the discriminator D
+    and the generator G, an optimizer each, both stepped in every iteration, in `order`
+    ("D, G": the DCGAN loop's). Returns (iteration, model, the step its work was counted
+    in) for each model's part, read just before its optimizer steps; with
+    `g_steps_until`, G steps only in the iterations before it."""
+    torch.manual_seed(0)
+    G, D = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 6)), Net()
+    opt_g, opt_d = torch.optim.AdamW(G.parameters(), 1e-3), torch.optim.AdamW(D.parameters(), 1e-3)
+    seen: list[tuple] = []
+    with StepHooks(HookedRun(), Events()) as hooks:
+
+        def d_part(i: int, real: torch.Tensor, fake: torch.Tensor) -> None:
+            opt_d.zero_grad()
+            (F.softplus(-D(real)).mean() + F.softplus(D(fake.detach())).mean()).backward()
+            seen.append((i, "D", hooks.ctx.step if hooks.ctx else None))
+            opt_d.step()
+
+        def g_part(i: int, fake: torch.Tensor) -> None:
+            opt_g.zero_grad()
+            F.softplus(-D(fake)).mean().backward()
+            seen.append((i, "G", hooks.ctx.step if hooks.ctx else None))
+            opt_g.step()
+
+        for i in range(steps):
+            real, fake = torch.randn(5, 6), G(torch.randn(5, 4))
+            trains_g = g_steps_until is None or i < g_steps_until
+            if order == "D, G":
+                d_part(i, real, fake)
+                if trains_g:
+                    g_part(i, fake)
+            else:
+                g_part(i, fake)
+                d_part(i, real, fake)
+    return seen
+
+
+@pytest.mark.parametrize("order", ["D, G", "G, D"])
+def test_a_gan_loop_is_one_step_an_iteration_both_models_work_included(order):
+    """Steps are numbered by the first optimizer to step, and each holds the whole
+    iteration: the second model's forward, backward and step are that iteration's, not
+    the next step's. Only the first iteration's second part, met before the loop's order
+    is known, counts toward step 1."""
+    first, second = order.split(", ")
+    seen = gan_loop(6, order)
+    assert (0, first, 0) in seen and (0, second, 1) in seen
+    later = [(i, model, step) for i, model, step in seen if i > 0]
+    assert later == [(i, m, i) for i in range(1, 6) for m in (first, second)]
+
+
+def test_a_loop_that_stops_stepping_its_second_optimizer_is_numbered_by_the_first_again():
+    """G steps in the first three iterations only: the step that waited for G's step ends
+    when D steps again (the forward and backward before that step were already counted
+    in it: iteration 4's in step 3), and from there each step of D is a step, numbered
+    as before: D's step of iteration i is step i."""
+    seen = gan_loop(7, "D, G", g_steps_until=3)
+    work = [(i, i) for i in range(4)] + [(4, 3), (5, 5), (6, 6)]
+    assert [(i, step) for i, model, step in seen if model == "D"] == work
+    assert [(i, step) for i, model, step in seen if model == "G" and i > 0] == [(1, 1), (2, 2)]
+
+
 def gpt2_loop(steps: int, probe: Probe, nan_at: int | None = None) -> None:
     """transformers' GPT-2 (tiny, random-init, no dropout) called as `model(**batch)`,
     its loss from the library; batch `nan_at` has a NaN in its float attention mask."""

@@ -162,6 +162,28 @@ def test_a_second_root_module_takes_the_models_outputs_not_the_batch(tmp_path):
     assert "nonfinite-input" not in [c["id"] for c in report["causes"]]
 
 
+@pytest.mark.parametrize(
+    ("which", "order", "module", "phase", "op"),
+    [
+        ("G", "d-first", "radius", "backward", "aten.div.Tensor"),  # G's part, after D's step
+        ("D", "g-first", "energy", "forward", "aten.log.default"),  # D's part, after G's step
+        ("D", "d-first", "energy", "forward", "aten.log.default"),  # D, called after G(z)
+    ],
+)
+def test_a_gan_fails_at_its_iteration_in_the_model_the_nan_began_in(
+    tmp_path, which, order, module, phase, op
+):
+    """A GAN's loop, two models and two AdamW, bfloat16 autocast: the data of iteration 3
+    breaks G (its backward) or D (its forward). One iteration is one step, whichever
+    optimizer steps first, and the module is the path inside the model that broke."""
+    command = (PY, str(SCRIPTS / "gan_nan.py"), which, "3", "6", order)
+    code, report = watch(tmp_path, *command)
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (3, phase)
+    assert (first["module"], first["op"], first["reproduced"]) == (module, op, True)
+    assert report["steps_completed"] == 3
+
+
 def test_under_torchrun_the_rank_whose_batch_went_nan_is_the_report(tmp_path):
     """Rank 1's batch holds a NaN at step 4: rank 1 fails in `input`, rank 0, which the
     all-reduce handed it to, in `backward`. The report is the origin's, whatever the

@@ -29,6 +29,7 @@ class Finding:
     created: bool = True  # False: a deliberate inf (a scalar fill, a constant) carried along
     frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
     micro_batch: int | None = None  # gradient accumulation: the micro-batch it was born in
+    root: int = 0  # the root module `module` is inside: 0 the model, else the step's others
 
 
 def finding_of(

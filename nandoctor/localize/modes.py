@@ -37,6 +37,7 @@ class NodeInfo:
     source: str | None
     function: str
     frames: list[Frame] = field(default_factory=list)
+    root: int = 0  # the root module `module` is inside (`ModuleTracker.current_root`)
 
 
 def _unusual(args: tuple, kwargs: dict) -> bool:

@@ -223,7 +223,7 @@ def localization_of(
     if finding is not None:
         finding = replace(finding, evidence=replace(finding.evidence, update=update))
     seconds = time.perf_counter() - started
-    modules = tracer.modules.stats()
+    modules = tracer.modules.stats(finding.root if finding is not None else 0)
     return Localization(
         step, finding, modules, from_step, seconds, note, transients=tracer.transients
     )

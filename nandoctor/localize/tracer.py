@@ -12,17 +12,20 @@ values that healed before (T5's `log(0)`, an attention mask's -inf) are the tran
 
 Where: the module comes from forward hooks (`ModuleTracker`); in backward, from the
 autograd node being run, which a `TorchFunctionMode` mapped at forward time to the module,
-the user's source line and the torch function that made it.
+the user's source line and the torch function that made it. A loop that trains other root
+modules (`watch` on a GAN: `others`) has their modules, weights and gradients followed
+too: a module path is then the one inside the root it is in (`Finding.root`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import nn
 from torch.overrides import resolve_name
 
 from nandoctor.localize import ops
@@ -45,15 +48,20 @@ MAX_EVIDENCE = 32  # origins of each kind (accidental, deliberate) with the full
 
 
 class Tracer(Probe):
-    def __init__(self, objects: TrainingObjects, *, light: bool = False) -> None:
+    def __init__(
+        self, objects: TrainingObjects, *, light: bool = False, others: Sequence[nn.Module] = ()
+    ) -> None:
         """`objects`: the run's model (known by now) and optimizer (read when an update
         is traced: a hooked run may meet its optimizer only in the traced step).
         `light`: no provenance, module magnitudes or float32 rerun (after running out of
-        memory); the origin op, module, tensor and line are still found."""
+        memory); the origin op, module, tensor and line are still found. `others`: the
+        other root modules the step trains (a hooked run's `others`, which it may add to
+        as the step meets more: followed from their next call)."""
         if objects.model is None:
             raise LookupError("no model to trace: the loop has not run its model yet")
         self.objects, self.model, self.light = objects, objects.model, light
-        self.modules = ModuleTracker(self.model, quiet=self.quiet, enabled=not light)
+        self.modules = ModuleTracker(self.model, quiet=self.quiet, enabled=not light, others=others)
+        self._others = others
         self.origins = OriginTable()
         self.origin: Finding | None = None  # set when the failure is reached
         self.transients: list[Transient] = []
@@ -95,18 +103,19 @@ class Tracer(Probe):
     def step_started(self, ctx: StepContext) -> None:
         self.ctx = ctx
         with self.quiet():
-            for name, p in self.model.named_parameters():
+            for root, name, p in self._parameters():
                 shard = local(p)  # NB: sharded (FSDP): this rank's shard, by the full name
                 if _has_nonfinite(shard):
                     owner = name.rpartition(".")[0]
-                    self.origin = finding_of(
-                        Phase.PARAMETERS, owner, None, f"param:{name}", shard, None
-                    )
+                    found = finding_of(Phase.PARAMETERS, owner, None, f"param:{name}", shard, None)
+                    self.origin = replace(found, root=root)
                     return
 
     def phase_started(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.INPUT:
             self._input_from = len(self.origins.born)
+        elif phase is Phase.FORWARD and len(self._others) >= len(self.modules.roots):
+            self.modules.track(self._others)  # NB: a root module first met in this step
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.BACKWARD:  # NB: the next micro-batch, if any, begins
@@ -117,12 +126,22 @@ class Tracer(Probe):
             if phase is Phase.INPUT:
                 self._input_checked(ctx)
             elif phase is Phase.LOSS and ctx.loss is not None:
-                self._reach(phase, [("output", ctx.loss)])
+                self._reach(phase, [("output", ctx.loss, 0)])
             elif phase is Phase.BACKWARD:
-                named = list(self.model.named_parameters())
-                self._reach(phase, [(f"grad:{n}", p.grad) for n, p in named])
+                self._reach(phase, [(f"grad:{n}", p.grad, r) for r, n, p in self._parameters()])
             elif phase is Phase.OPTIMIZER:
-                self._reach(phase, [(f"param:{n}", p) for n, p in self.model.named_parameters()])
+                self._reach(phase, [(f"param:{n}", p, r) for r, n, p in self._parameters()])
+
+    def _parameters(self) -> list[tuple[int, str, nn.Parameter]]:
+        """Each root's parameters, by their names inside it (a shared one: its first)."""
+        seen: set[int] = set()
+        out = []
+        for root, top in enumerate(self.modules.roots):
+            for name, p in top.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append((root, name, p))
+        return out
 
     def step_ended(self, ctx: StepContext) -> None:
         if self.origin is None:  # nothing reached a failure: every non-finite value healed
@@ -149,14 +168,15 @@ class Tracer(Probe):
                     return
                 self.origins.mark(t, self.origins.birth(found, ctx.step, _is_mask(t), []))
 
-    def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None]]) -> None:
-        """If any of these values is non-finite, the failure is reached: report the
-        origin its lineage names (the earliest, when several reach it)."""
-        present = [(role, local(t)) for role, t in named if t is not None]  # FSDP: shards
-        if not present or not bool(nonfinite([t for _, t in present], present[0][1].device)):
+    def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None, int]]) -> None:
+        """If any of these values (a role, the tensor, the root it belongs to) is
+        non-finite, the failure is reached: report the origin its lineage names (the
+        earliest, when several reach it)."""
+        present = [(role, local(t), r) for role, t, r in named if t is not None]  # FSDP: shards
+        if not present or not bool(nonfinite([t for _, t, _ in present], present[0][1].device)):
             return
-        bad = [(role, t) for role, t in present if _has_nonfinite(t)]
-        known = [x for _, t in bad if (x := self.origins.lineage(t)) is not None]
+        bad = [(role, t, r) for role, t, r in present if _has_nonfinite(t)]
+        known = [x for _, t, _ in bad if (x := self.origins.lineage(t)) is not None]
         if known:
             lineage = reaching(known)
             origin = lineage.origin
@@ -175,9 +195,10 @@ class Tracer(Probe):
         accidental = [o for o in self.origins.born if not o.deliberate]
         first = min(accidental, key=lambda o: o.finding.phase is Phase.INPUT, default=None)
         if first is None:
-            role, t = bad[0]
+            role, t, root = bad[0]
             owner = _owner(role) if ":" in role and role != "output" else None
-            self.origin = self._stamped(finding_of(phase, owner, None, role, t, None))
+            found = finding_of(phase, owner, None, role, t, None)
+            self.origin = self._stamped(replace(found, root=root))
         else:
             self.origin = first.finding
         reached = frozenset() if first is None else frozenset({first.seq})
@@ -244,9 +265,11 @@ class Tracer(Probe):
     def _born(self, func, args, kwargs, bad, before, where, created) -> Finding:
         phase, module, source, info = where
         index, tensor = bad[0]
-        role = self._role(phase, tensor)
+        role, root = self._role(phase, tensor)
         if phase is Phase.OPTIMIZER and ":" in role:
             module = _owner(role)
+        elif info is not None or module is not None:
+            root = info.root if info is not None else self.modules.current_root
         frames = info.frames if info is not None else call_site()[1]
         found = finding_of(phase, module, ops.op_name(func), role, tensor, source, created, frames)
         full = not self.light and self._evidence_left[not created] > 0
@@ -263,27 +286,28 @@ class Tracer(Probe):
             producers=self.provenance.producers(func, args, kwargs) if full else [],
             recompute=ops.recompute_float32(func, args, kwargs, index) if full else None,
         )
-        return self._stamped(replace(found, evidence=evidence))
+        return self._stamped(replace(found, evidence=evidence, root=root))
 
     def _stamped(self, found: Finding) -> Finding:
         """The finding, with the micro-batch under way (gradient accumulation)."""
         micro = self.ctx.micro_batch if self.ctx is not None else None
         return found if micro is None else replace(found, micro_batch=micro)
 
-    def _role(self, phase: Phase, t: torch.Tensor) -> str:
+    def _role(self, phase: Phase, t: torch.Tensor) -> tuple[str, int]:
+        """The tensor's role, and the root whose parameter it is (0 when none's)."""
         if phase in (Phase.FORWARD, Phase.LOSS):
-            return "output"
+            return "output", 0
         optimizer = self.objects.optimizer
         state = optimizer.state if optimizer is not None else {}
-        for name, p in self.model.named_parameters():
+        for root, name, p in self._parameters():
             if t is p:
-                return f"param:{name}"
+                return f"param:{name}", root
             if t is p.grad:
-                return f"grad:{name}"
+                return f"grad:{name}", root
             for key, value in state.get(p, {}).items():
                 if t is value:
-                    return f"state:{name}.{key}"
-        return "grad_input" if phase is Phase.BACKWARD else "output"
+                    return f"state:{name}.{key}", root
+        return ("grad_input" if phase is Phase.BACKWARD else "output"), 0
 
     def note_node(self, node: Any, function: Any) -> None:
         """Map a new autograd node (and the unnamed ones behind it) to where it was made."""
@@ -291,7 +315,7 @@ class Tracer(Probe):
             return
         source, frames = call_site()
         name = resolve_name(function) or str(function)
-        info = NodeInfo(self.modules.current, source, name, frames)
+        info = NodeInfo(self.modules.current, source, name, frames, self.modules.current_root)
         todo = [node]
         while todo:
             n = todo.pop()

@@ -20,6 +20,9 @@ from torch import nn
 @dataclass
 class HookedRun:
     model: nn.Module | None = None  # the first model that ran forward with grad enabled
+    # NB: the other root modules the loop trains (a GAN's second model, a head called on
+    # the model's output): the replay's tracer names module paths inside them too
+    others: list[nn.Module] = field(default_factory=list)
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)  # given or seen
     clock: torch.optim.Optimizer | None = None  # the first to step: its steps number steps
     # NB: the optimizer a Guard was given: only one stepping its parameters (it, a wrapper
@@ -59,9 +62,12 @@ class HookedRun:
         return list(seen.values())
 
     def note_model(self, module: nn.Module) -> None:
-        """The first root module is the model; at its first forward, the device and dtype."""
+        """The first root module is the model, the others are `others`; at the model's
+        first forward, the device and dtype."""
         if self.model is None:
             self.model = module
+        elif module is not self.model and all(m is not module for m in self.others):
+            self.others.append(module)
         if self.dtype is not None:
             return
         first = next(iter(self.model.parameters()), None)

@@ -17,6 +17,8 @@ GradScaler, clipping)::
                                       stays BACKWARD for unscale_ and clipping
     optimizer.step() / scaler.step()  OPTIMIZER ... OPTIMIZER ends, then step_ended:
                                       one step per step of the first optimizer seen
+                                      (the clock), at the step of the loop's last
+                                      optimizer (below)
 
 The model is the outermost module that runs with grad enabled and owns trainable
 parameters (a parameterless `nn.CrossEntropyLoss` belongs to the loss phase); when the
@@ -31,6 +33,14 @@ forward, loss and backward (`runtime.sentinel` adds them up). `optimizer.step(cl
 runs the closure's forward and backward inside the step; its OPTIMIZER phase is
 announced after them. In `explicit` mode (`Guard.step`) the caller opens and closes each
 step and names its batch; optimizer steps then only mark the OPTIMIZER phase.
+
+A loop with several optimizers (a GAN's discriminator and generator, each stepped once an
+iteration) is one step an iteration: the step holds one step of the clock and ends at the
+step of the optimizer that stepped last before the clock stepped again (learned then,
+once: before it, the first iteration's work after the clock's step counts toward the
+next step). A loop that later breaks that order (the clock steps again before the last
+one did) has its steps end at the clock's from there on. A `Guard`'s hooks, given their
+own optimizer, end each step at its step alone: each guard of a GAN counts its own.
 
 PyTorch's global forward pre-hook sees a call's positional arguments only, and
 `model(**batch)` passes all of its batch by keyword. So the model gets a hook of its own
@@ -111,6 +121,11 @@ class StepHooks:
         self._backward = 0  # backward calls under way
         self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
         self._worked = False  # this step has run a forward or a backward
+        self._clocked = False  # the clock has stepped in this step
+        self._last: torch.optim.Optimizer | None = None  # the last optimizer that stepped
+        # NB: the optimizer whose step ends a step (None: the clock's)
+        self._closer: torch.optim.Optimizer | None = None
+        self._cycle = False  # the closer has been learned (once) or given up
         self._inputs_of: nn.Module | None = None  # the module with our keyword-inputs hook
         self._early: StepContext | None = None  # that hook, next, opens this forward
         self._late = False  # this forward's keyword inputs are checked when it returns
@@ -305,6 +320,8 @@ class StepHooks:
         if ctx is None:
             return
         self.run.note_optimizer(optimizer, stepping=True)
+        if not self.explicit and optimizer is self.run.clock:
+            ctx = self._clock_entered(ctx)
         if not self._worked:  # optimizer.step(closure): forward and backward come inside
             return
         ctx.phases[:] = [Phase.OPTIMIZER]
@@ -323,8 +340,27 @@ class StepHooks:
             self.probe.phase_started(ctx, Phase.OPTIMIZER)
         self.probe.phase_ended(ctx, Phase.OPTIMIZER)
         ctx.phases.clear()
-        if not self.explicit and optimizer is self.run.clock:
+        if self.explicit:
+            return
+        self._last = optimizer
+        self._clocked = self._clocked or optimizer is self.run.clock
+        if self._clocked and optimizer is (self._closer or self.run.clock):
             self._close()
+
+    def _clock_entered(self, ctx: StepContext) -> StepContext:
+        """The clock begins to step: at its second step, the optimizer that stepped just
+        before it ends every step from now on (the clock itself in a loop with one). A step
+        the clock already stepped in ends here instead: the loop broke that order, and the
+        clock alone ends steps again (NB: numbered as if it always had)."""
+        if not self._cycle and self._last is not None and self.run.given_optimizer is None:
+            self._cycle = True
+            self._closer = None if self._last is self.run.clock else self._last
+        if not self._clocked:
+            return ctx
+        self._closer = None
+        self._close()
+        ctx = self._open(None)
+        return ctx
 
     # -- steps ------------------------------------------------------------------------------
     def _current(self) -> StepContext | None:
@@ -337,7 +373,7 @@ class StepHooks:
         ctx = StepContext(self.run, self.step, batch)
         if self.on_step_start is not None:
             self.on_step_start(ctx)
-        self.ctx, self._worked = ctx, False
+        self.ctx, self._worked, self._clocked = ctx, False, False
         self.probe.step_started(ctx)
         return ctx
 

@@ -133,7 +133,7 @@ class Watched:
 
         if self.run.model is None:
             return
-        self.tracer = Tracer(self.run)
+        self.tracer = Tracer(self.run, others=self.run.others)
         self.tracer.__enter__()
         self.hooks.probe = self.tracer
 
