@@ -32,6 +32,7 @@ SPEC_IDS = (
     "grad-scaler-collapse",
     "invalid-domain",
     "clip-before-unscale",
+    "fp16-without-grad-scaler",
 )
 
 
@@ -97,6 +98,9 @@ def test_numbers_practitioners_check():
     assert "6e-8" in get("eps-underflow").explanation
     assert "exp(-18)" in get("log-of-softmax").explanation
     assert "65536" in get("clip-before-unscale").explanation
+    no_scaler = get("fp16-without-grad-scaler").explanation
+    for number in ("6.0e-8", "6.1e-5", "65504", "inf by inf", "65536", "3.4e38"):
+        assert number in no_scaler
 
 
 def test_committed_causes_md_is_generated_from_the_catalog():
@@ -132,6 +136,9 @@ def test_the_table_is_read_from_the_registries():
     assert rows["division-by-zero"].patch.startswith("`OriginGuardPatch`: the op the replay named")
     clip = rows["clip-before-unscale"]  # lint only
     assert (clip.rule, clip.whatif, clip.patch) == (None, None, None) and clip.lint
+    no_scaler = rows["fp16-without-grad-scaler"]  # lint only
+    assert (no_scaler.rule, no_scaler.whatif, no_scaler.patch) == (None, None, None)
+    assert no_scaler.lint == "[warning](lint.md#fp16-without-grad-scaler)"
     zeroed = rows["nonfinite-parameters"]  # a rule, a config-side what-if, nothing to lint
     assert zeroed.whatif == "the non-finite entries of the loaded weights zeroed"
     assert zeroed.rule and (zeroed.patch, zeroed.lint) == (None, None)

@@ -30,7 +30,12 @@ def test_a_run_with_a_scaler_gets_the_snippet_as_written():
 
 
 def test_snippets_about_the_scaler_itself_stay_as_written():
-    for cause in ("grad-scaler-collapse", "fp16-overflow", "clip-before-unscale"):
+    for cause in (
+        "grad-scaler-collapse",
+        "fp16-overflow",
+        "clip-before-unscale",
+        "fp16-without-grad-scaler",
+    ):
         info = catalog.get(cause)
         assert for_run(info.before, info.after, grad_scaler=False) == (info.before, info.after)
 

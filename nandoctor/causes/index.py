@@ -20,6 +20,7 @@ from nandoctor.causes import (
     eps_underflow,
     exploding_gradients,
     fp16_overflow,
+    fp16_without_grad_scaler,
     fully_masked_softmax,
     grad_scaler_collapse,
     invalid_domain,
@@ -54,6 +55,7 @@ CAUSES: tuple[CauseUnit, ...] = (
     fully_masked_softmax.CAUSE,
     # found by lint only, in the order of the calls
     clip_before_unscale.CAUSE,
+    fp16_without_grad_scaler.CAUSE,
 )
 
 

@@ -116,6 +116,37 @@ def _default_float16_autocast(src: Source, call: ast.Call) -> bool:
     return name == "torch.cuda.amp.autocast" or (not is_cpu and name != "torch.cpu.amp.autocast")
 
 
+# NB: the dtype an autocast without `dtype=` uses, by device type (torch.get_autocast_dtype);
+# xpu's default changed across releases, so only these two are counted on.
+DEFAULT_FLOAT16_DEVICES = frozenset({"cuda", "mps"})
+
+
+def float16_autocast(src: Source, call: ast.Call) -> bool:
+    """`call` enters autocast to float16: `dtype=torch.float16` (or `torch.half`, through any
+    alias), or no dtype where the device's default is float16 (`torch.cuda.amp.autocast()`,
+    `torch.autocast("cuda")`, a device held in a variable). Not `enabled=False`, not the
+    CPU's autocast (bfloat16 by default), not a dtype the code does not name here."""
+    name = src.qualname(call.func)
+    if name not in patterns.AUTOCAST or _disabled(call, name):
+        return False
+    with_device = name in ("torch.autocast", "torch.amp.autocast")
+    dtype = patterns.arg(call, 1, "dtype")
+    if dtype is not None:
+        return _is_half(src, [dtype])
+    if not with_device:
+        return name == "torch.cuda.amp.autocast"
+    device = patterns.arg(call, 0, "device_type")
+    if isinstance(device, ast.Constant):
+        return str(device.value).split(":")[0] in DEFAULT_FLOAT16_DEVICES
+    return True  # NB: `device_type=device.type` is "cuda" on the GPU the run is for
+
+
+def _disabled(call: ast.Call, name: str) -> bool:
+    position = 2 if name in ("torch.autocast", "torch.amp.autocast") else 0
+    enabled = patterns.arg(call, position, "enabled")
+    return isinstance(enabled, ast.Constant) and enabled.value is False
+
+
 def _assigned_to(src: Source, call: ast.Call) -> set[str]:
     node: ast.AST = call
     while node in src.parents:

@@ -1,0 +1,270 @@
+"""fp16-without-grad-scaler: training under float16 autocast with a plain `loss.backward()`.
+
+Flagged: an autocast to float16 (`dtype=torch.float16` or `torch.half` through any alias,
+or no dtype where float16 is the default: `torch.cuda.amp.autocast()`,
+`torch.autocast("cuda")`, a device held in a variable) that training code enters, in a file
+that calls `loss.backward()` (or `torch.autograd.backward(loss)`) itself and has no
+GradScaler anywhere. The finding is on the autocast call, once per region: float16 is
+chosen there, so both fixes start on that line (a bfloat16 dtype, or a scaler around the
+backward the message names), and a loop with several backwards (a GAN's two losses) gets
+one finding, not one per backward. An autocast built once and entered later
+(`ctx = torch.autocast(...)`, `ctx = nullcontext() if cpu else torch.autocast(...)`) is
+judged where a `with ctx:` enters it.
+
+Not flagged: a file that uses a GradScaler in any form (`torch.amp.GradScaler`,
+`torch.cuda.amp.GradScaler`, FSDP's `ShardedGradScaler`, a `scaler` passed in and used as
+`scaler.scale(loss)`, timm's `loss_scaler(...)`); a library that owns the backward
+(`accelerator.backward(loss)`, `engine.backward(loss)`, `fabric.backward(loss)`,
+`self.manual_backward(loss)`, a LightningModule's `training_step`, apex's
+`amp.scale_loss`); a loss scaled by hand (`(loss * loss_scale).backward()`,
+`(loss * 1024).backward()`, `scaled_loss.backward()`: the code says it scales, so it is
+trusted to unscale and skip too); autocast under `torch.no_grad()` or
+`torch.inference_mode()`, or in an evaluation function that never backpropagates
+(`evaluate`, `validate`, `predict`...); the CPU's autocast (bfloat16 by default) and any
+bfloat16 autocast; `enabled=False`. A dtype held in a variable (`dtype=amp_dtype`) is not
+guessed. Only this file is read: an autocast in `model.py` and the backward in `train.py`
+are not connected.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from nandoctor.lint import patterns
+from nandoctor.lint.findings import Severity, from_line
+from nandoctor.lint.fp16 import float16_autocast
+from nandoctor.lint.grad import differentiated
+from nandoctor.lint.registry import Hit, check
+from nandoctor.lint.scaler import is_scale, scaler_uses
+from nandoctor.lint.source import Source, position
+
+SCALERS = patterns.GRAD_SCALERS | {
+    "torch.distributed.fsdp.ShardedGradScaler",
+    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+}
+# NB: identifiers of a loss scaler (timm's NativeScaler, `loss_scaler`, `self.grad_scaler`),
+# not sklearn's StandardScaler.
+SCALER_NAME = re.compile(r"(grad|loss|amp|apex|native)_?scaler", re.IGNORECASE)
+# a library's own backward: the loss is its argument (`accelerator.backward(loss)`)
+LIBRARY_BACKWARDS = frozenset({"manual_backward", "scale_loss"})
+EVAL_WORDS = frozenset({
+    "eval", "evaluate", "evaluation", "validate", "validation", "val", "valid", "test",
+    "predict", "prediction", "inference", "infer", "generate", "sample", "score",
+})  # fmt: skip
+
+INVALID = (
+    """\
+import torch
+for x, y in loader:
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+""",
+    """\
+from torch.cuda.amp import autocast
+def train_step(model, opt, x, y):
+    with autocast():  # float16 by default on CUDA
+        loss = model(x, y)
+    loss.backward()
+    opt.step()
+""",
+)
+
+VALID = (
+    """\
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in loader:
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+""",
+    """\
+import torch
+with torch.autocast("cuda", dtype=torch.bfloat16):  # float32's range: no scaler needed
+    loss = loss_fn(model(x), y)
+loss.backward()
+opt.step()
+""",
+    """\
+import torch
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = loss_fn(model(x), y)
+accelerator.backward(loss)  # Accelerate scales the loss itself
+""",
+    """\
+import torch
+loss = loss_fn(model(x), y)
+loss.backward()
+opt.step()
+with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+    val_loss = loss_fn(model(x_val), y_val)  # evaluation: no gradients
+""",
+)
+
+
+@check(
+    "fp16-without-grad-scaler",
+    severity=Severity.WARNING,
+    summary="Training under float16 autocast with a plain `loss.backward()` and no "
+    "GradScaler in the file.",
+    invalid=INVALID,
+    valid=VALID,
+)
+def fp16_without_grad_scaler(src: Source) -> Iterator[Hit]:
+    backwards = [c for c in src.calls if _plain_backward(src, c)]
+    if not backwards or _scales_elsewhere(src):
+        return
+    for call in src.calls:
+        if not float16_autocast(src, call):
+            continue
+        training = [site for site in _entered_at(src, call) if _trains(src, site)]
+        if training:
+            yield Hit(call, _message(src, call, _backward_after(src, training[0], backwards)))
+
+
+def _plain_backward(src: Source, call: ast.Call) -> bool:
+    """`loss.backward()` (keywords allowed) or `torch.autograd.backward(loss)`, on a loss
+    that is not scaled: `accelerator.backward(loss)` takes the loss, `Tensor.backward` not."""
+    if src.qualname(call.func) == "torch.autograd.backward":
+        loss = patterns.first_arg(call, "tensors")
+        return loss is not None and not _scaled_by_hand(src, loss)
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "backward") or call.args:
+        return False
+    loss = call.func.value
+    if (isinstance(loss, ast.Name) and loss.id in ("self", "cls")) or src.qualname(loss):
+        return False
+    if isinstance(loss, ast.Call) and is_scale(src, loss):
+        return False  # scaler.scale(loss).backward()
+    return not _scaled_by_hand(src, loss)
+
+
+def _scaled_by_hand(src: Source, loss: ast.expr) -> bool:
+    """`(loss * loss_scale)`, `scaled_loss`, `(loss * 1024)`, or a name last assigned so
+    (`loss = loss * 128`, `loss *= self.scale`) in the same function."""
+    if "scale" in ast.unparse(loss).lower() or _times_big_constant(src, loss):
+        return True
+    if not isinstance(loss, ast.Name):
+        return False
+    function = src.function_of(loss)
+    for node in src.nodes_of(ast.Assign, ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]  # type: ignore[attr-defined]
+        named = any(isinstance(t, ast.Name) and t.id == loss.id for t in targets)
+        if named and src.function_of(node) is function and _scaling(src, node):
+            return True
+    return False
+
+
+def _scaling(src: Source, node: ast.AST) -> bool:
+    """`loss = loss * loss_scale`, `loss = loss * 1024`, `loss *= 128`."""
+    value = node.value  # type: ignore[attr-defined]
+    names_a_scale = "scale" in ast.unparse(value).lower()
+    if isinstance(node, ast.AugAssign):
+        multiplies = isinstance(node.op, ast.Mult)
+        return multiplies and (names_a_scale or (src.flow.const(value) or 0) > 1)
+    return (names_a_scale and _has_mult(value)) or _times_big_constant(src, value)
+
+
+def _has_mult(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) for n in ast.walk(node))
+
+
+def _times_big_constant(src: Source, node: ast.AST) -> bool:
+    """`loss * 1024`, `2**16 * loss`: a static loss scale (a factor below 1 is a weight)."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+        return False
+    return any((src.flow.const(side) or 0) > 1 for side in (node.left, node.right))
+
+
+def _scales_elsewhere(src: Source) -> bool:
+    """A GradScaler, or a library that scales the loss, anywhere in the file."""
+    if scaler_uses(src):
+        return True
+    for node in src.nodes_of(ast.Name) + src.nodes_of(ast.Attribute):
+        name = node.id if isinstance(node, ast.Name) else node.attr  # type: ignore[attr-defined]
+        if src.qualname(node) in SCALERS or SCALER_NAME.search(name):
+            return True
+    return any(_library_backward(src, c) for c in src.calls) or _lightning(src)
+
+
+def _library_backward(src: Source, call: ast.Call) -> bool:
+    func = call.func
+    if not isinstance(func, ast.Attribute) or src.qualname(func):  # torch.autograd.backward
+        return False
+    return func.attr in LIBRARY_BACKWARDS or (func.attr == "backward" and bool(call.args))
+
+
+def _lightning(src: Source) -> bool:
+    """A LightningModule: Lightning's precision plugin scales the loss for `training_step`
+    and passes `backward` an already scaled one."""
+    defs = src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef)
+    if any(d.name == "training_step" for d in defs):  # type: ignore[attr-defined]
+        return True
+    modules = src.imports.aliases.values()
+    return any(m.startswith(("lightning", "pytorch_lightning")) for m in modules)
+
+
+def _entered_at(src: Source, call: ast.Call) -> list[ast.AST]:
+    """Where the autocast is entered: the call itself, and for `ctx = torch.autocast(...)`
+    every `with ctx:` of the file."""
+    parent = src.parents.get(call, (None, ""))[0]
+    while isinstance(parent, ast.IfExp):  # `ctx = nullcontext() if cpu else torch.autocast(...)`
+        parent = src.parents.get(parent, (None, ""))[0]
+    if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+        return [call]
+    target = ast.unparse(parent.targets[0])  # NB: not ast.dump, which tells Store from Load
+    withs = [
+        item.context_expr
+        for node in src.nodes_of(ast.With, ast.AsyncWith)
+        for item in node.items  # type: ignore[attr-defined]
+        if ast.unparse(item.context_expr) == target
+    ]
+    return withs or [call]
+
+
+def _trains(src: Source, site: ast.AST) -> bool:
+    """The autocast at `site` covers code that is differentiated, not evaluation."""
+    if patterns.in_no_grad(src, site):
+        return False
+    parent, field = src.parents.get(site, (None, ""))
+    function = parent if field == "decorator_list" else src.function_of(site)
+    if function is None:
+        return src.tree in differentiated(src)
+    if _evaluation(src, function):  # type: ignore[arg-type]
+        return False
+    return function in differentiated(src)
+
+
+def _evaluation(src: Source, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    words = set(re.split(r"_+", function.name.lower()))
+    backprops = any(_plain_backward(src, c) for c in src.calls_by_function.get(function, []))
+    return bool(words & EVAL_WORDS) and not words & {"train", "training"} and not backprops
+
+
+def _backward_after(src: Source, site: ast.AST, backwards: list[ast.Call]) -> ast.Call:
+    """The backward the autocast's loss most likely reaches: the first after the place it
+    is entered in the same function, else the file's first."""
+    function = src.function_of(site)
+    same = [b for b in backwards if src.function_of(b) is function]
+    after = [b for b in same if position(b) > position(site)]
+    return (after or same or backwards)[0]
+
+
+def _message(src: Source, autocast: ast.Call, backward: ast.Call) -> str:
+    default = patterns.keyword_arg(autocast, "dtype") is None and len(autocast.args) < 2
+    what = "autocast (float16, CUDA's default)" if default else "float16 autocast"
+    call = src.segment(backward)
+    where = "" if backward.lineno == autocast.lineno else from_line(backward.lineno)
+    return (
+        f"Add a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(opt)`, "
+        f"`scaler.update()`) or autocast to `torch.bfloat16`: under {what}, `{call}`"
+        f"{where} runs unscaled, so gradients below 6e-8 flush to 0 and one above 65504 "
+        f"becomes inf, which reaches the optimizer unskipped and turns the weights NaN."
+    )

@@ -1,0 +1,375 @@
+"""fp16-without-grad-scaler on the loops people write: the AMP recipe with and without its
+scaler, a notebook, Accelerate, Lightning, DeepSpeed, a hand-scaled loss, evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nandoctor.lint import LintConfig, Severity, lint_paths, lint_text
+
+ID = "fp16-without-grad-scaler"
+
+
+def found(text: str) -> list[int]:
+    """The lines this check reports."""
+    outcome = lint_text(text)
+    assert not outcome.skipped
+    return [f.line for f in outcome.findings if f.id == ID]
+
+
+# PyTorch's AMP recipe, as a script that forgot the scaler (or never knew it).
+AMP_LOOP = """\
+import torch
+import torch.nn.functional as F
+
+model = Net().cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+for epoch in range(epochs):
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        with torch.cuda.amp.autocast():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+AMP_LOOP_SCALED = (
+    AMP_LOOP.replace("for epoch", "scaler = torch.cuda.amp.GradScaler()\nfor epoch")
+    .replace("loss.backward()", "scaler.scale(loss).backward()")
+    .replace("opt.step()", "scaler.step(opt)\n        scaler.update()")
+)
+
+
+def test_the_amp_loop_without_a_scaler_is_flagged_at_its_autocast():
+    assert found(AMP_LOOP) == [9]
+    (finding,) = [f for f in lint_text(AMP_LOOP).findings if f.id == ID]
+    assert finding.severity is Severity.WARNING
+    assert finding.code.strip() == "with torch.cuda.amp.autocast():"
+    assert (finding.column, finding.end_column) == (14, 39)  # the autocast call itself
+
+
+def test_the_message_names_the_backward_the_remedy_and_the_numbers():
+    (finding,) = [f for f in lint_text(AMP_LOOP).findings if f.id == ID]
+    message = finding.message
+    assert message.startswith("Add a GradScaler (`scaler.scale(loss).backward()`")
+    assert "`torch.bfloat16`" in message
+    assert "`loss.backward()` (from line 11)" in message
+    assert "CUDA's default" in message
+    for number in ("6e-8", "65504", "NaN"):
+        assert number in message
+
+
+def test_the_amp_loop_with_its_scaler_is_not():
+    assert "scaler.step(opt)" in AMP_LOOP_SCALED
+    assert found(AMP_LOOP_SCALED) == []
+
+
+@pytest.mark.parametrize(
+    "autocast",
+    [
+        'torch.autocast("cuda", dtype=torch.float16)',
+        'torch.autocast("cuda", torch.half)',
+        'torch.amp.autocast(device_type="cuda", dtype=torch.float16)',
+        'torch.autocast("cuda")',
+        "torch.autocast(device_type=device.type)",
+        "torch.cuda.amp.autocast(enabled=args.amp)",
+        'torch.autocast("cpu", dtype=torch.float16)',
+    ],
+)
+def test_float16_autocast_in_any_spelling(autocast):
+    assert found(AMP_LOOP.replace("torch.cuda.amp.autocast()", autocast)) == [9]
+
+
+@pytest.mark.parametrize(
+    "autocast",
+    [
+        'torch.autocast("cuda", dtype=torch.bfloat16)',
+        "torch.cuda.amp.autocast(dtype=torch.bfloat16)",
+        'torch.autocast("cpu")',
+        "torch.cpu.amp.autocast()",
+        'torch.autocast("cuda", dtype=amp_dtype)',
+        'torch.autocast("cuda", dtype=torch.float16, enabled=False)',
+        "torch.cuda.amp.autocast(enabled=False)",
+    ],
+)
+def test_bfloat16_the_cpu_an_unknown_dtype_or_disabled_autocast_are_not(autocast):
+    assert found(AMP_LOOP.replace("torch.cuda.amp.autocast()", autocast)) == []
+
+
+def test_aliases_of_autocast_and_of_float16():
+    text = """\
+import torch
+from torch import autocast, float16 as f16
+HALF = torch.half
+with autocast("cuda", dtype=f16):
+    loss = model(x).sum()
+loss.backward()
+with autocast("cuda", dtype=HALF):
+    loss = model(x).sum()
+loss.backward()
+"""
+    assert found(text) == [4, 7]
+
+
+NOTEBOOK_CELL = """\
+model = model.to("cuda")
+optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+for batch in train_dl:
+    optimizer.zero_grad()
+    with torch.autocast('cuda'):
+        out = model(batch['x'].cuda())
+        loss = nn.MSELoss()(out, batch['y'].cuda())
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_notebook_style_snippet_without_imports():
+    assert found(NOTEBOOK_CELL) == [5]
+
+
+def test_in_a_notebook_the_finding_is_in_its_cell_and_names_the_backwards_line(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    cells = ["import torch\nfrom torch import nn", NOTEBOOK_CELL]
+    nb = {
+        "cells": [
+            {"cell_type": "code", "metadata": {}, "source": c.splitlines(keepends=True)}
+            for c in cells
+        ],
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (tmp_path / "train.ipynb").write_text(json.dumps(nb))
+    (finding,) = lint_paths(["train.ipynb"], LintConfig()).findings
+    assert (finding.id, finding.cell, finding.line) == (ID, 2, 5)
+    assert "`loss.backward()` (from line 8)" in finding.message
+
+
+ACCELERATE = """\
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, opt, loader = accelerator.prepare(model, opt, loader)
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    accelerator.backward(loss)
+    opt.step()
+    opt.zero_grad()
+"""
+LIGHTNING = """\
+import torch
+import lightning as L
+
+
+class LitModel(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        with torch.autocast("cuda", dtype=torch.float16):
+            return self.loss_fn(self(x), y)
+
+    def backward(self, loss):
+        loss.backward()  # Lightning passes the loss already scaled
+"""
+MANUAL_BACKWARD = """\
+import torch
+
+
+class GAN(Module):
+    def training_step(self, batch):
+        opt_g, opt_d = self.optimizers()
+        with torch.autocast("cuda"):
+            g_loss = self.generator_loss(batch)
+        self.manual_backward(g_loss)
+        opt_g.step()
+"""
+DEEPSPEED = """\
+import torch
+import deepspeed
+
+engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters())
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = engine(x, y)
+    engine.backward(loss)
+    engine.step()
+"""
+PASSED_IN_SCALER = """\
+import torch
+
+
+def train_one_epoch(model, opt, loader, scaler):
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+def finetune(model, opt, x, y):
+    loss = model(x, y)  # float32
+    loss.backward()
+    opt.step()
+"""
+TIMM = """\
+import torch
+from timm.utils import NativeScaler
+
+loss_scaler = NativeScaler()
+for x, y in loader:
+    with torch.cuda.amp.autocast():
+        loss = criterion(model(x), y)
+    loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters())
+    if not amp:
+        loss.backward()
+"""
+EVAL_ONLY = """\
+import torch
+import torch.nn.functional as F
+
+
+def train(model, opt, loader):
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)  # float32 training
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    evaluate(model, val_loader)
+    validate(model, val_loader)
+
+
+def evaluate(model, loader):
+    model.eval()
+    with torch.no_grad():
+        with torch.autocast("cuda", dtype=torch.float16):
+            return sum(F.cross_entropy(model(x), y).item() for x, y in loader)
+
+
+@torch.inference_mode()
+def predict(model, x):
+    with torch.cuda.amp.autocast():
+        return model(x)
+
+
+def validate(model, loader):
+    with torch.autocast("cuda", dtype=torch.float16):  # no backward here, and no no_grad
+        return [model(x) for x, _ in loader]
+"""
+
+
+@pytest.mark.parametrize(
+    "text",
+    [ACCELERATE, LIGHTNING, MANUAL_BACKWARD, DEEPSPEED, PASSED_IN_SCALER, TIMM, EVAL_ONLY],
+    ids=["accelerate", "lightning", "manual_backward", "deepspeed", "passed-in-scaler", "timm",
+         "eval-only"],
+)  # fmt: skip
+def test_libraries_that_scale_a_scaler_anywhere_and_evaluation_are_not_flagged(text):
+    assert found(text) == []
+
+
+def test_the_float16_scaler_free_loop_is_flagged_beside_a_float32_one():
+    """The scaler-free variant of PASSED_IN_SCALER: the float16 region, once; not the
+    float32 fine-tune's backward."""
+    text = PASSED_IN_SCALER.replace("scaler.scale(loss).backward()", "loss.backward()")
+    text = text.replace("scaler.step(opt)", "opt.step()").replace("        scaler.update()\n", "")
+    text = text.replace(", scaler)", ")")
+    assert found(text) == [6]
+
+
+@pytest.mark.parametrize(
+    ("backward", "flagged"),
+    [
+        ("(loss * loss_scale).backward()", False),
+        ("(loss * 1024).backward()", False),
+        ("(2**16 * loss).backward()", False),
+        ("scaled_loss.backward()", False),
+        ("loss = loss * self.static_scale\n    loss.backward()", False),
+        ("loss *= 128.0\n    loss.backward()", False),
+        ("(loss / accum_steps).backward()", True),  # gradient accumulation, no scaling
+        ("(loss * 0.5).backward()", True),  # a weight below 1
+        ("loss.backward(retain_graph=True)", True),
+        ("torch.autograd.backward(loss)", True),
+    ],
+)
+def test_a_loss_scaled_by_hand_is_trusted(backward, flagged):
+    text = f"""\
+import torch
+def step(model, x):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    {backward}
+"""
+    assert found(text) == ([3] if flagged else [])
+
+
+def test_an_autocast_context_built_once_is_judged_where_it_is_entered():
+    text = """\
+import torch
+from contextlib import nullcontext
+ctx = nullcontext() if device == "cpu" else torch.amp.autocast("cuda", dtype=torch.float16)
+eval_ctx = torch.autocast("cuda", dtype=torch.float16)
+
+
+def pretrain_head(head, opt, features, y):
+    head_loss = (head(features) - y).pow(2).mean()  # float32
+    head_loss.backward()
+    opt.step()
+
+
+def train(model, opt, loader):
+    for x, y in loader:
+        with ctx:
+            loss = model(x, y)
+        loss.backward()
+        opt.step()
+
+
+@torch.no_grad()
+def estimate_loss(model, loader):
+    with eval_ctx:
+        return [model(x, y) for x, y in loader]
+"""
+    assert found(text) == [3]
+    (finding,) = [f for f in lint_text(text).findings if f.id == ID]
+    assert "`loss.backward()` (from line 17)" in finding.message  # after `with ctx:`
+
+
+def test_one_finding_per_region_however_many_backwards():
+    text = """\
+import torch
+for real, z in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        d_loss = disc(real).mean() - disc(gen(z).detach()).mean()
+        g_loss = -disc(gen(z)).mean()
+    d_loss.backward()
+    d_opt.step()
+    g_loss.backward()
+    g_opt.step()
+"""
+    assert found(text) == [3]
+
+
+def test_a_file_without_backward_is_not_flagged():
+    """The autocast of a model file: its training loop lives elsewhere."""
+    text = """\
+import torch
+class Net(torch.nn.Module):
+    @torch.autocast("cuda")
+    def forward(self, x):
+        return self.fc(x)
+"""
+    assert found(text) == []
+
+
+def test_the_finding_can_be_suppressed_on_the_autocast_line():
+    text = AMP_LOOP.replace(
+        "with torch.cuda.amp.autocast():",
+        "with torch.cuda.amp.autocast():  # nandoctor: ignore[fp16-without-grad-scaler]",
+    )
+    assert found(text) == []
