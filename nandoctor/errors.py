@@ -133,6 +133,7 @@ def peer_failure(error: BaseException, where: str) -> PeerFailure:
             f"rank {rank}: another rank hung: no answer within distributed.timeout_s "
             f"during {where}",
             hint="a rank stuck in its data or its model; raise distributed.timeout_s if slow",
+            hung=True,
         )
     return PeerFailure(
         f"rank {rank}: another rank failed or hung during {where}",
@@ -285,9 +286,15 @@ class UserExit(UserCodeError):
 
 
 class PeerFailure(NandoctorError):
-    """In a data-parallel run, a collective failed because another rank died (exit 3)."""
+    """In a data-parallel run, a collective failed because another rank died (exit 3).
+    `hung`: it timed out (the other rank is still there, silent), rather than finding
+    the other rank gone (which that rank's own error, or an interrupt, explains)."""
 
     exit_code = ExitCode.USER_CODE
+
+    def __init__(self, message: str, hint: str | None = None, *, hung: bool = False) -> None:
+        super().__init__(message, hint=hint)
+        self.hung = hung
 
 
 class RankDied(NandoctorError):

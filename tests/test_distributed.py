@@ -124,6 +124,41 @@ def test_a_rank_that_raises_ends_the_job_with_exit_3_and_its_error(tmp_path):
     assert report is None  # no half-written report
 
 
+HANG_LOSS = """
+
+import time
+import torch.nn.functional as F
+
+_calls = 0
+
+
+def hanging_loss(model, batch):
+    global _calls
+    _calls += 1
+    if os.environ.get("RANK") == "0" and _calls == 3:
+        time.sleep(600)  # rank 0 stops calling collectives: a stuck data source, say
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_rank_0_is_reported_as_the_failed_job_it_is_not_as_interrupted(tmp_path):
+    """Rank 1 times out waiting for rank 0 and fails; the launcher then stops rank 0 with
+    SIGTERM, which alone reads as a cancelled job. Rank 1 tells the job's store why, so
+    rank 0's report says the job failed, and why (exit 3, as the job's)."""
+    train = "import os\n" + TRAIN + HANG_LOSS
+    extra = "loss: train.py:hanging_loss\ndistributed: {timeout_s: 5}\n"
+    proc, report = run_two_ranks(tmp_path, {}, train=train, extra=extra)
+    assert proc.returncode == 3, proc.stderr
+    assert "rank 1: another rank hung: no answer within distributed.timeout_s" in proc.stderr
+    assert report["status"] == "error"
+    assert report["summary"] == "stopped after 2 steps because another rank failed"
+    assert report["notes"][-1].startswith(
+        "the job's launcher stopped rank 0 after this error: rank 1: another rank hung"
+    )
+
+
 AGREE_SCRIPT = """
 import os
 import types

@@ -27,6 +27,7 @@ from nandoctor.cli.output import report_stream
 from nandoctor.errors import (
     ExitCode,
     NandoctorError,
+    PeerFailure,
     ProcessExit,
     UsageError,
     UserCodeError,
@@ -104,6 +105,7 @@ def handles_errors(command: F) -> F:
             if kwargs.get("debug"):
                 raise
             print_error(e)
+            _announce(e)
             outcome = Outcome(error=e)
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
@@ -258,6 +260,19 @@ def _a_launched_rank() -> bool:
     loaded, so that `--help` and `lint` never import torch."""
     distributed = sys.modules.get("nandoctor.setup.distributed")
     return distributed is not None and bool(distributed.under_launcher())
+
+
+def _announce(error: NandoctorError) -> None:
+    """A rank of a data-parallel job tells the job why it fails (`distributed.announce_failure`):
+    rank 0, stopped by the launcher because of it, reports that, not an interrupt. NB: not
+    a peer found gone: that rank's own error (or an interrupt: Ctrl-C) is the reason."""
+    if isinstance(error, PeerFailure) and not error.hung:
+        return
+    if "RANK" in os.environ and "torch.distributed" in sys.modules:  # NB: no torch import here
+        from nandoctor.setup.distributed import announce_failure
+
+        rank = "" if error.message.startswith("rank ") else f"rank {os.environ['RANK']}: "
+        announce_failure(f"{rank}{error.message}")
 
 
 def print_error(error: NandoctorError) -> None:

@@ -3,6 +3,7 @@ with `--baseline`, gate the run's numeric health against a recorded healthy run.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 from collections.abc import Callable
@@ -136,11 +137,28 @@ def diagnose(
         raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
+    report = _stopped_by_a_peer(report)
     render_report(console, report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:
         tensorboard.write_report(report, tensorboard_dir)
     write_reports(report, outputs)
     return of_report(report, fail_on_divergence)
+
+
+def _stopped_by_a_peer(report: Report) -> Report:
+    """Rank 0 stopped by the launcher (SIGTERM, read as an interrupt) because another rank
+    failed (a hang it timed out on, its own error): the job failed (exit 3), it was not
+    cancelled, and the report says so with that rank's reason."""
+    from nandoctor.setup import distributed
+
+    if report.status != "interrupted" or not distributed.under_launcher():
+        return report
+    why = distributed.failed_peer()
+    if why is None:
+        return report
+    summary = f"stopped after {report.steps_completed} steps because another rank failed"
+    note = f"the job's launcher stopped rank 0 after this error: {why}"
+    return dataclasses.replace(report, status="error", summary=summary, notes=[*report.notes, note])
 
 
 def launch_ranks(nproc: int) -> Outcome:

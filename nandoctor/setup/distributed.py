@@ -115,6 +115,42 @@ class Ranks:
         return build
 
 
+# The job's store key where the first rank that fails says why (`announce_failure`)
+FAILED_KEY = "nandoctor/failed"
+
+
+def announce_failure(message: str) -> None:
+    """A rank that fails (another rank hung, its own error) says why in the job's store
+    before it exits: the launcher then stops the other ranks with SIGTERM, and rank 0,
+    which would take that for an interrupt (a cancelled job), reads it there instead
+    (`failed_peer`). NB: best effort: a job without a store (or one already gone) has
+    nothing to tell."""
+    try:
+        store = _store()
+        if store is not None and not store.check([FAILED_KEY]):
+            store.set(FAILED_KEY, message)
+    except Exception:
+        pass
+
+
+def failed_peer() -> str | None:
+    """Why another rank failed, when one did (`announce_failure`); None otherwise."""
+    try:
+        store = _store()
+        if store is None or not store.check([FAILED_KEY]):
+            return None
+        return store.get(FAILED_KEY).decode("utf-8", errors="replace")
+    except Exception:
+        return None
+
+
+_job_store: Any = None  # the job's store, kept from `join` (it outlives the process group)
+
+
+def _store() -> Any:
+    return _job_store
+
+
 def leave() -> None:
     """Wait for every rank, then close the process group: a process that exits while
     gloo's threads still run is aborted ("terminate called without an active exception")."""
@@ -147,7 +183,20 @@ def join(config: DistributedConfig, device_name: str) -> Ranks | None:
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=config.timeout_s)
         dist.init_process_group(backend, timeout=timeout)
+    _keep_store()
     return Ranks(rank, world, local, device)
+
+
+def _keep_store() -> None:
+    """Keep the job's store (torchrun's, shared by every rank) past the process group: an
+    interrupted rank destroys its group, then still reads why (`failed_peer`)."""
+    global _job_store
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        _job_store = _get_default_store()
+    except Exception:  # NB: a private torch function: without it, nothing is told
+        _job_store = None
 
 
 def _accepts(fn: Callable[..., Any], *names: str) -> bool:
@@ -186,4 +235,13 @@ def launch(argv: list[str], nproc_per_node: int) -> dict[int, int]:
     return {}
 
 
-__all__ = ["Ranks", "current_rank", "join", "launch", "leave", "under_launcher"]
+__all__ = [
+    "Ranks",
+    "announce_failure",
+    "current_rank",
+    "failed_peer",
+    "join",
+    "launch",
+    "leave",
+    "under_launcher",
+]
