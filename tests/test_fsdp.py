@@ -186,6 +186,19 @@ def test_a_shard_module_that_names_nothing_or_holds_no_parameters_is_a_config_er
         fsdp._targets(nn.Sequential(nn.ReLU()), None)
 
 
+@pytest.mark.slow
+def test_a_config_error_every_rank_meets_is_one_line_for_the_job(tmp_path):
+    """`shard_modules` is checked on the model, so on every rank; the job prints it once
+    (the first rank's), not once a rank."""
+    extra = "distributed: {strategy: fsdp, shard_modules: [Blok]}\n"
+    proc, report = run_two_ranks(tmp_path, {}, extra=extra)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "no module of the model is named or typed 'Blok'" in errors[0]
+    assert report is None
+
+
 def test_fsdp_keys_belong_to_strategy_fsdp(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(

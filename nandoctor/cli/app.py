@@ -104,8 +104,8 @@ def handles_errors(command: F) -> F:
         except NandoctorError as e:
             if kwargs.get("debug"):
                 raise
-            print_error(e)
-            _announce(e)
+            if not _announce(e):
+                print_error(e)
             outcome = Outcome(error=e)
         except KeyboardInterrupt:
             stderr_console().print("interrupted", style="yellow")
@@ -262,17 +262,19 @@ def _a_launched_rank() -> bool:
     return distributed is not None and bool(distributed.under_launcher())
 
 
-def _announce(error: NandoctorError) -> None:
+def _announce(error: NandoctorError) -> bool:
     """A rank of a data-parallel job tells the job why it fails (`distributed.announce_failure`):
-    rank 0, stopped by the launcher because of it, reports that, not an interrupt. NB: not
-    a peer found gone: that rank's own error (or an interrupt: Ctrl-C) is the reason."""
+    rank 0, stopped by the launcher because of it, reports that, not an interrupt. True
+    when another rank said the same already (its line stands for both). NB: not a peer
+    found gone: that rank's own error (or an interrupt: Ctrl-C) is the reason."""
     if isinstance(error, PeerFailure) and not error.hung:
-        return
-    if "RANK" in os.environ and "torch.distributed" in sys.modules:  # NB: no torch import here
-        from nandoctor.setup.distributed import announce_failure
+        return False
+    if "RANK" not in os.environ or "torch.distributed" not in sys.modules:  # NB: no torch here
+        return False
+    from nandoctor.setup.distributed import announce_failure
 
-        rank = "" if error.message.startswith("rank ") else f"rank {os.environ['RANK']}: "
-        announce_failure(f"{rank}{error.message}")
+    rank = "" if error.message.startswith("rank ") else f"rank {os.environ['RANK']}: "
+    return announce_failure(f"{rank}{error.message}") and not error.message.startswith("rank ")
 
 
 def print_error(error: NandoctorError) -> None:

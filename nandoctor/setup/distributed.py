@@ -20,6 +20,7 @@ import datetime
 import inspect
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -119,18 +120,25 @@ class Ranks:
 FAILED_KEY = "nandoctor/failed"
 
 
-def announce_failure(message: str) -> None:
+def announce_failure(message: str) -> bool:
     """A rank that fails (another rank hung, its own error) says why in the job's store
     before it exits: the launcher then stops the other ranks with SIGTERM, and rank 0,
     which would take that for an interrupt (a cancelled job), reads it there instead
-    (`failed_peer`). NB: best effort: a job without a store (or one already gone) has
-    nothing to tell."""
+    (`failed_peer`). True when another rank had already said the same (a config error
+    every rank meets: one line for the job is enough). NB: best effort: a job without a
+    store (or one already gone) has nothing to tell."""
     try:
         store = _store()
-        if store is not None and not store.check([FAILED_KEY]):
-            store.set(FAILED_KEY, message)
+        if store is None:
+            return False
+        # NB: atomic: the first rank's message stays, and each rank learns what it is
+        told = store.compare_set(FAILED_KEY, "", message).decode("utf-8", errors="replace")
     except Exception:
-        pass
+        return False
+    return told != message and _RANK_PREFIX.sub("", told) == _RANK_PREFIX.sub("", message)
+
+
+_RANK_PREFIX = re.compile(r"^rank \d+: ")
 
 
 def failed_peer() -> str | None:
