@@ -138,3 +138,23 @@ def test_a_clean_notebook_passes(here):
     result = runner.invoke(app, ["lint", "ok.ipynb"])
     assert result.exit_code == 0, result.output
     assert result.stdout == "No problems in 1 file checked.\n"
+
+
+def test_ipython_lines_continued_with_a_backslash_and_indented_cells_are_read_as_ipython_does():
+    """`!pip install -q \\` goes on to the next lines, and a cell whose first line is
+    indented is dedented: Jupyter runs both cells, so neither is a syntax error."""
+    nb = parse_cells(
+        [
+            cell("!pip install -q \\\n    transformers \\\n    accelerate\nimport torch"),
+            cell("%run train.py \\\n--epochs 1"),
+            cell("    x = torch.ones(2)\n    if x.sum() > 0:\n        y = torch.log(x)"),
+            cell("total = 1 + \\\n    2"),
+        ]
+    )
+    assert nb.errors == ()
+    assert nb.text.splitlines() == [
+        "pass", "", "", "import torch",
+        "pass", "",
+        "x = torch.ones(2)", "if x.sum() > 0:", "    y = torch.log(x)",
+        "total = 1 + \\", "    2",
+    ]  # fmt: skip

@@ -45,10 +45,12 @@ never mention torch are read but not checked.
 
 Jupyter notebooks (`*.ipynb`) are linted too: their code cells, in order, as one module
 (the imports of one cell hold in the next). IPython lines (`%magic`, `!shell`, `x = !ls`,
-`name?`) are skipped, and a cell that starts with a cell magic (`%%bash`, `%%time`) is not
-checked. A finding names its cell, counted from 1 with markdown cells included, and the
-line inside it: `explore.ipynb:cell 3:12:8: error[log-of-softmax] ...`. A notebook that is
-not valid JSON is reported as not linted and fails the run. A cell with a syntax error (a
+`name?`, and the lines they continue onto with a trailing `\\`) are skipped, a cell whose
+first line is indented is dedented as IPython does, and a cell that starts with a cell
+magic (`%%bash`, `%%time`) is not checked. A finding names its cell, counted from 1 with
+markdown cells included, and the line inside it:
+`explore.ipynb:cell 3:12:8: error[log-of-softmax] ...`. A notebook that is not valid JSON
+is reported as not linted and fails the run. A cell with a syntax error (a
 half-written one) is named with its line and fails the run too, but hides nothing: Jupyter
 compiles each cell on its own, so the other cells are linted without it.
 

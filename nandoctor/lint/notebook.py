@@ -122,7 +122,7 @@ def parse_cells(cells: list[object], raw: str = "") -> Notebook:
         if cell.get("cell_type") != "code":
             continue
         magic_cell = lines[0].lstrip().startswith("%%")
-        code = [""] * len(lines) if magic_cell else [python_line(line) for line in lines]
+        code = [""] * len(lines) if magic_cell else python_lines(lines)
         error = _syntax_error(number, code)
         if error is not None:
             errors.append(error)
@@ -188,6 +188,27 @@ def _encoded(prefix: str, raw: str, quote: int) -> str:
     """`prefix` as the file wrote it (with or without \\uXXXX escapes for non-ASCII)."""
     as_is = json.dumps(prefix, ensure_ascii=False)
     return as_is if raw.startswith(as_is[:-1], quote) else json.dumps(prefix)
+
+
+def python_lines(lines: list[str]) -> list[str]:
+    """A code cell's lines as Python, one for one, as IPython reads them: a cell whose
+    first line is indented has that indentation taken off every line; an IPython line
+    becomes `pass`, and the lines it continues onto with a trailing backslash
+    (`!pip install -q \\`) become blank."""
+    indent = lines[0][: len(lines[0]) - len(lines[0].lstrip())] if lines else ""
+    out: list[str] = []
+    continued = False
+    for line in lines:
+        if indent and line.startswith(indent):
+            line = line[len(indent) :]
+        if continued:
+            out.append("")
+        else:
+            out.append(python_line(line))
+            if out[-1] == line:  # NB: Python: its own continuations are Python's
+                continue
+        continued = line.rstrip().endswith("\\")
+    return out
 
 
 def python_line(line: str) -> str:
