@@ -180,9 +180,24 @@ class Source:
                 yield scope
 
     def exclusive(self, a: ast.AST, b: ast.AST) -> bool:
-        """True when `a` and `b` sit in different branches of one `if` (never both run)."""
+        """True when `a` and `b` sit in different branches of one `if` (never both run), or
+        of two `if`s of one function with the same test (`if args.amp: scale ... else:
+        backward`, then `if args.amp: unscale_, clip ... else: clip`: a flag set once)."""
         branches = {id(p): f for p, f in self._branches(a)}
-        return any(id(p) in branches and branches[id(p)] != f for p, f in self._branches(b))
+        if any(id(p) in branches and branches[id(p)] != f for p, f in self._branches(b)):
+            return True
+        tests = {
+            (ast.dump(p.test), f)
+            for p, f in self._branches(a)
+            if isinstance(p, ast.If) and self.scope_of(p) is self.scope_of(b)
+        }
+        return any(
+            (ast.dump(p.test), other) in tests
+            for p, f in self._branches(b)
+            if isinstance(p, ast.If)
+            for other in ("body", "orelse")
+            if other != f
+        )
 
     def _branches(self, node: ast.AST) -> Iterator[tuple[ast.AST, str]]:
         while node in self.parents:

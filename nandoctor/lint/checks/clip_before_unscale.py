@@ -4,8 +4,8 @@ In a function that runs `scaler.scale(loss).backward()` (or, in one that only st
 before its `scaler.step(opt)`), torch's `clip_grad_norm_` / `clip_grad_value_` (or a
 helper of this file that calls them) must come after `scaler.unscale_(opt)`. Not flagged:
 an `unscale_` earlier in the function, a clip on the other branch of `if use_amp: ...
-else: ...`, a clip in a function without a scaler, and `accelerator.clip_grad_norm_`
-(Accelerate unscales for you).
+else: ...` (or of a second `if` on the same test), a clip in a function without a scaler,
+and `accelerator.clip_grad_norm_` (Accelerate unscales for you).
 """
 
 from __future__ import annotations
@@ -66,6 +66,20 @@ else:
 import torch
 accelerator.backward(loss)
 accelerator.clip_grad_norm_(model.parameters(), 1.0)  # Accelerate unscales first
+""",
+    """\
+import torch
+if args.amp:
+    scaler.scale(loss).backward()
+else:
+    loss.backward()
+if args.amp:  # the same flag: the float32 branch below never saw a scaled gradient
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+else:
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
 """,
 )
 
