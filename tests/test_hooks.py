@@ -227,6 +227,23 @@ def test_a_loop_that_stops_stepping_its_second_optimizer_is_numbered_by_the_firs
     assert [(i, step) for i, model, step in seen if model == "G" and i > 0] == [(1, 1), (2, 2)]
 
 
+def test_an_optimizer_made_anew_each_epoch_numbers_the_steps_from_then_on():
+    """Older code lowers its rate by making a new optimizer each epoch: the new one steps
+    the same parameters and takes over the numbering (the old one never steps again; it
+    stopped the count at the first epoch's end, and a NaN after it went unseen)."""
+    torch.manual_seed(0)
+    model = Net()
+    probe = Events()
+    with StepHooks(HookedRun(), probe):
+        for epoch in range(3):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1 / (epoch + 1))
+            for _ in range(2):
+                optimizer.zero_grad()
+                model(torch.randn(3, 6)).sum().backward()
+                optimizer.step()
+    assert [e[0] for e in probe.seen if e[1] == "done"] == [0, 1, 2, 3, 4, 5]
+
+
 def gpt2_loop(steps: int, probe: Probe, nan_at: int | None = None) -> None:
     """transformers' GPT-2 (tiny, random-init, no dropout) called as `model(**batch)`,
     its loss from the library; batch `nan_at` has a NaN in its float attention mask."""

@@ -89,6 +89,18 @@ class HookedRun:
             self.optimizers.append(optimizer)
         if stepping and self.clock is None and self._steps_given(optimizer):
             self.clock = optimizer
+        elif stepping and self._made_anew(optimizer):
+            self.optimizers = [o for o in self.optimizers if o is not self.clock]
+            self.clock = optimizer
+
+    def _made_anew(self, optimizer: torch.optim.Optimizer) -> bool:
+        """`optimizer` steps the clock's parameters: the clock made anew by the loop."""
+        clock = self.clock
+        return (
+            clock is not None
+            and optimizer is not clock
+            and _param_ids(optimizer) == _param_ids(clock)
+        )
 
     def _steps_given(self, optimizer: torch.optim.Optimizer) -> bool:
         given = self.given_optimizer
@@ -109,3 +121,10 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
         return None
     return torch.get_autocast_dtype(kind)
+
+
+def _param_ids(optimizer: torch.optim.Optimizer) -> set[int]:
+    """What an optimizer steps. NB: a loop that re-creates its optimizer (to lower its rate
+    each epoch, say) steps the same parameters with a new one, which then numbers the
+    steps: the old one never steps again."""
+    return {id(p) for group in optimizer.param_groups for p in group["params"]}
