@@ -273,3 +273,31 @@ def test_a_ctrl_c_after_the_failure_starts_no_replay(tmp_path):
     assert "rerunning the command" not in output
     assert report["first_nonfinite"]["step"] == 20
     assert report["notes"][0].startswith("no replay: the command was interrupted")
+
+
+RAISES_ON_NAN = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1), nn.Sigmoid())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+bce = nn.BCELoss()
+data = torch.randn(6, 16, 4)
+data[3, 5, 2] = float("nan")  # a corrupt record in batch 3
+for i in range(6):
+    opt.zero_grad()
+    loss = bce(model(data[i]).squeeze(1), torch.ones(16))  # raises on a NaN probability
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_nan_that_makes_the_script_raise_inside_its_step_is_that_steps_failure(tmp_path):
+    """`nn.BCELoss` raises on a NaN probability (CUDA: a device-side assert) before the
+    step ends: the step is judged as far as it went, and its NaN batch is the failure,
+    found again by the replay (it was 'error: all 3 steps stayed finite')."""
+    (tmp_path / "train.py").write_text(RAISES_ON_NAN)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
+    first = report["first_nonfinite"]
+    assert code == 1 and report["status"] == "nonfinite"
+    assert (first["step"], first["phase"], first["tensor"]) == (3, "input", "input:0")
+    assert first["reproduced"] is True and report["causes"][0]["id"] == "nonfinite-input"

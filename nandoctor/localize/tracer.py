@@ -143,6 +143,15 @@ class Tracer(Probe):
                     out.append((root, name, p))
         return out
 
+    def step_aborted(self, ctx: StepContext) -> None:
+        """The step raised and the run is over (a loss that raises on NaN): the first
+        accidental non-finite value the step made (its batch's, an op's) is as far as it
+        went, so it is the origin."""
+        if self.origin is None:
+            first = next((o for o in self.origins.born if not o.deliberate), None)
+            self.origin = first.finding if first is not None else None
+        self.ctx = None
+
     def step_ended(self, ctx: StepContext) -> None:
         if self.origin is None:  # nothing reached a failure: every non-finite value healed
             self.transients = transients(self.origins.born, frozenset())

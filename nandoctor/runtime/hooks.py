@@ -178,6 +178,16 @@ class StepHooks:
         if self.ctx is not None:
             self._close()
 
+    def abort(self) -> int | None:
+        """The run ends in the middle of a step (the user's code raised and nothing caught
+        it): the probe judges what the step saw (`step_aborted`: the sentinel's, the
+        tracer's). The step's number, if one was under way."""
+        ctx, aborted = self.ctx, getattr(self.probe, "step_aborted", None)
+        self.abandon()
+        if ctx is not None and aborted is not None:
+            aborted(ctx)
+        return ctx.step if ctx is not None else None
+
     def abandon(self) -> None:
         """The user's step raised: forget the half-done step and every counter."""
         self.ctx, self._scaled, self._early = None, None, None

@@ -133,6 +133,7 @@ class Reading:
     scale: float | None
     origin_ranks: tuple[int, ...] = ()  # ranks that went non-finite on their own
     inherited_ranks: tuple[int, ...] = ()  # ranks that only got it through the all-reduce
+    aborted: bool = False  # the step raised before it ended (`Sentinel.step_aborted`)
 
 
 @dataclass(slots=True)
@@ -204,6 +205,7 @@ class Sentinel(Probe):
         self._losses: list[float] = []  # NB: on the CPU, the step's, read as each is made
         self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
         self._updated = False  # an optimizer has stepped in this step
+        self._aborted: int | None = None  # the step that raised before it ended
         self._scaled = False  # those sums are of gradients that still carry the loss scale
         self._zeros: dict[torch.device, torch.Tensor] = {}
         self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
@@ -316,6 +318,14 @@ class Sentinel(Probe):
             self._pending.append((ctx.step, packed, None, has_scale))
         self._flags = {}
 
+    def step_aborted(self, ctx: StepContext) -> None:
+        """The step raised before it ended and the run is over (a watched script died in
+        it): judge what it saw, its batch included. A non-finite batch is then the
+        failure, at this step: a loss that raises on NaN (`nn.BCELoss`) ends the script
+        before anything else could show it."""
+        self._aborted = ctx.step
+        self.step_ended(ctx)
+
     def _forget_step(self) -> None:
         self._flags, self._grads, self._squares, self._host_squares = {}, None, [], []
         self._batches, self._losses, self._updated = [], [], False
@@ -345,7 +355,7 @@ class Sentinel(Probe):
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
             row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
-        if self._batches and _may_fail(row):
+        if self._batches and (_may_fail(row) or self._aborted is not None):
             batch = [t for b in self._batches for t in floating(b)]
             row[_INPUT] = float(bool(nonfinite(batch, torch.device("cpu"))))
         return row
@@ -391,7 +401,9 @@ class Sentinel(Probe):
                 rows = [values]
             else:
                 rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
-            yield self._current_judge()(_reading(step, rows, has_scale, self._sharded))
+            reading = _reading(step, rows, has_scale, self._sharded)
+            reading.aborted = step == self._aborted
+            yield self._current_judge()(reading)
 
     @property
     def _sharded(self) -> bool:
@@ -524,6 +536,9 @@ class Judge:
         fail, its phase is the first that went non-finite, the batch's included."""
         if r.params_before or r.loss_bad:  # NB: the rare case
             return self._failed_before_backward(r)
+        if r.aborted and (r.input or r.forward):  # NB: what it saw is all there is
+            failed = self._failed_before_backward(r)
+            return dataclasses.replace(failed, why=f"{failed.why}; the step raised before it ended")
         if r.grads:
             return self._upstream(r, self._bad_gradients(r))
         self.streak, self.counted, self.streak_start = 0, 0, None

@@ -178,11 +178,15 @@ class Watched:
     def _at_exit(self) -> None:
         if os.getpid() != self.pid or self.written:
             return
+        # NB: the script died of an exception, in a step maybe: what the step saw counts
+        aborted = self.hooks.abort() if hasattr(sys, "last_value") else None
         self.recorder.record(self.sentinel.collect(final=True))
         if self.result.steps_run:
             self._write_run()
-        if self.settings.trace_step is not None:
-            self._write_trace(self.settings.trace_step)
+        n = self.settings.trace_step
+        if n is not None:
+            found = self.tracer is not None and self.tracer.origin is not None
+            self._write_trace(n, reached=aborted == n and found)
         self._detach()
 
     def _detach(self) -> None:
