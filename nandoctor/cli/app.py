@@ -273,8 +273,15 @@ def _announce(error: NandoctorError) -> bool:
         return False
     from nandoctor.setup.distributed import announce_failure
 
-    rank = "" if error.message.startswith("rank ") else f"rank {os.environ['RANK']}: "
-    return announce_failure(f"{rank}{error.message}") and not error.message.startswith("rank ")
+    named = error.message.startswith("rank ")  # NB: a hang's: each rank's own line
+    return announce_failure(_ranked(error.message)) and not named
+
+
+def _ranked(message: str) -> str:
+    """The message as a rank of a data-parallel job says it: `rank 1: ...`."""
+    if "RANK" in os.environ and not message.startswith("rank "):
+        return f"rank {os.environ['RANK']}: {message}"
+    return message
 
 
 def print_error(error: NandoctorError) -> None:
@@ -284,12 +291,7 @@ def print_error(error: NandoctorError) -> None:
         console.print("Traceback of your code (most recent call last):", style="dim")
         for line in traceback.format_list(frames):
             console.print(escape(line.rstrip("\n")), style="dim")
-    rank = (
-        f"rank {os.environ['RANK']}: "
-        if "RANK" in os.environ and not error.message.startswith("rank ")
-        else ""
-    )
-    console.print(f"[bold red]error:[/] {rank}{escape(error.message)}")
+    console.print(f"[bold red]error:[/] {escape(_ranked(error.message))}")
     if error.hint:
         console.print(f"[cyan]hint:[/] {escape(error.hint)}")
 

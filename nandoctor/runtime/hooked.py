@@ -106,8 +106,7 @@ class HookedRun:
         given = self.given_optimizer
         if given is None or optimizer is given:
             return True
-        mine = {id(p) for group in given.param_groups for p in group["params"]}
-        return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
+        return not _param_ids(given).isdisjoint(_param_ids(optimizer))
 
     def note_scaler(self, scaler: torch.amp.GradScaler) -> None:
         """An enabled GradScaler scaled a loss (the sentinel's judge then learns its scale)."""

@@ -118,6 +118,7 @@ class Ranks:
 
 # The job's store key where the first rank that fails says why (`announce_failure`)
 FAILED_KEY = "nandoctor/failed"
+_job_store: Any = None  # the job's store, kept from `join` (it outlives the process group)
 
 
 def announce_failure(message: str) -> bool:
@@ -127,10 +128,10 @@ def announce_failure(message: str) -> bool:
     (`failed_peer`). True when another rank had already said the same (a config error
     every rank meets: one line for the job is enough). NB: best effort: a job without a
     store (or one already gone) has nothing to tell."""
+    store = _job_store
+    if store is None:
+        return False
     try:
-        store = _store()
-        if store is None:
-            return False
         # NB: atomic: the first rank's message stays, and each rank learns what it is
         told = store.compare_set(FAILED_KEY, "", message).decode("utf-8", errors="replace")
     except Exception:
@@ -143,20 +144,13 @@ _RANK_PREFIX = re.compile(r"^rank \d+: ")
 
 def failed_peer() -> str | None:
     """Why another rank failed, when one did (`announce_failure`); None otherwise."""
+    store = _job_store
     try:
-        store = _store()
         if store is None or not store.check([FAILED_KEY]):
             return None
         return store.get(FAILED_KEY).decode("utf-8", errors="replace")
     except Exception:
         return None
-
-
-_job_store: Any = None  # the job's store, kept from `join` (it outlives the process group)
-
-
-def _store() -> Any:
-    return _job_store
 
 
 def leave() -> None:
