@@ -63,6 +63,7 @@ def test_ranking_ties_keep_the_order_rules_have_always_run_in():
         "fp16-overflow",
         "eps-underflow",
         "fully-masked-softmax",
+        "float32-overflow",
     ]
 
 

@@ -8,6 +8,7 @@ independently, by the marker comment on them.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -31,15 +32,16 @@ def line_of(marker: str) -> int:
     raise AssertionError(marker)
 
 
-def config(tmp_path: Path, name: str, dtype: str) -> Path:
+def config(tmp_path: Path, name: str, dtype: str, loss: str | None = None, steps: int = 4) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         f"model: tests.real_models:{name}\n"
         f"data: tests.real_models:{DATA[name]}\n"
-        f"loss: tests.real_models:{LOSS[name]}\n"
+        f"data_args: {{batches: {steps}}}\n"
+        f"loss: tests.real_models:{loss or LOSS[name]}\n"
         "optimizer: {name: AdamW, lr: 1.0e-3}\n"
         f"precision: {{dtype: {dtype}}}\n"
-        "steps: 4\n"
+        f"steps: {steps}\n"
         "device: cpu\n"
     )
     return path
@@ -89,6 +91,24 @@ def test_gpt2_in_float16_the_nan_the_grad_scaler_skips_is_the_failure_at_its_ste
     assert user_line(report) == (HELPER.name, line_of("gpt2-sqrt"))
     assert report.events == [] and "the scaler hid a real failure" in report.summary
     assert any("replayed at loss scale 1" in note for note in report.notes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpt2_with_a_hand_written_sharp_softmax_overflows_float32_as_its_logits_grow(
+    tmp_path, dtype
+):
+    """exp(logits / 0.0075) stays finite while training starts, then the logits grow past
+    88.7 * 0.0075: the failure is that step's exp, and no dtype switch is offered (bfloat16
+    shares float32's range)."""
+    report = same_every_time(reports(config(tmp_path, "gpt2", dtype, "gpt2_sharpened_loss", 8)))
+    first = report.first_nonfinite
+    assert first.step > 0 and all(math.isfinite(x) for x in report.telemetry.loss[: first.step])
+    assert (first.phase, first.op, first.value) == ("loss", "aten.exp.default", "inf")
+    assert user_line(report) == (HELPER.name, line_of("gpt2-exp"))
+    cause = report.causes[0]
+    assert cause.id == "float32-overflow" and cause.verified is None
+    argument = float(re.search(r"arguments up to ([\d.]+)", cause.evidence[0]).group(1))
+    assert argument > 88.7 and "overflows float32 (and bfloat16) above 88.7" in cause.evidence[0]
 
 
 def test_t5_takes_log_of_zero_every_step_and_it_is_never_the_origin(tmp_path):

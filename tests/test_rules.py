@@ -362,3 +362,49 @@ def test_counts_agree_with_their_nouns():
     )
     assert "met 1 exact zero (made by" in rank(one)[0].evidence[0]
     assert not any("(s)" in e or " 1 steps" in e for c in rank(one) for e in c.evidence)
+
+
+def wide(c: Case, dtype: str = "float32") -> Case:
+    return replace(c, first=replace(c.first, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_float32_overflow_of_an_exponential_past_its_limit(dtype):
+    made = case("aten.exp.default", value="inf", inputs=[stats(dtype=dtype, absmax=140.3)])
+    c = wide(made, dtype)
+    assert ids(c)[0] == "float32-overflow"
+    assert rank(c)[0].confidence == 0.85
+    assert (
+        "received arguments up to 140: exp overflows float32 (and bfloat16) above 88.7"
+        in (rank(c)[0].evidence[0])
+    )
+
+
+def test_float32_overflow_limits_follow_the_exponential():
+    exp2 = wide(case("aten.exp2.default", value="inf", inputs=[stats(absmax=120.0)]))
+    assert "float32-overflow" not in ids(exp2)  # 2**120 is finite: the limit is 128
+    negative = replace(stats(absmax=95.0, lo=-95.0), max=1.0)  # cosh(-95) overflows too
+    assert "float32-overflow" in ids(
+        wide(case("aten.cosh.default", value="inf", inputs=[negative]))
+    )
+    assert "float32-overflow" not in ids(
+        wide(case("aten.exp.default", value="inf", inputs=[negative]))
+    )
+
+
+def test_no_float32_overflow_below_the_limit_from_an_inf_input_or_in_float16():
+    below = wide(case("aten.exp.default", value="inf", inputs=[stats(absmax=80.0)]))
+    assert "float32-overflow" not in ids(below)
+    came_in = replace(stats(absmax=140.0), posinf=1)
+    assert "float32-overflow" not in ids(
+        wide(case("aten.exp.default", value="inf", inputs=[came_in]))
+    )
+    half = case("aten.exp.default", value="inf", inputs=[stats(absmax=140.0)])
+    assert "float32-overflow" not in ids(half)  # float16's is fp16-overflow's
+    nan = wide(case("aten.exp.default", value="nan", inputs=[stats(absmax=140.0)]))
+    assert "float32-overflow" not in ids(nan)
+
+
+def test_float32_overflow_of_another_op_is_left_to_the_growth_that_made_its_inputs_huge():
+    huge = wide(case("aten.mm.default", value="inf", inputs=[stats(absmax=3e20), stats("mat2")]))
+    assert "float32-overflow" not in ids(huge)

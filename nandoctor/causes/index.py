@@ -19,6 +19,7 @@ from nandoctor.causes import (
     division_by_zero,
     eps_underflow,
     exploding_gradients,
+    float32_overflow,
     fp16_overflow,
     fp16_without_grad_scaler,
     fully_masked_softmax,
@@ -49,10 +50,12 @@ CAUSES: tuple[CauseUnit, ...] = (
     # named by the phase alone: the batch, or the weights before the step
     nonfinite_input.CAUSE,
     nonfinite_parameters.CAUSE,
-    # the number format: float16's range, an epsilon it rounds to 0, a -inf put in on purpose
+    # the number format: float16's range, an epsilon it rounds to 0, a -inf put in on
+    # purpose, float32's range (past which no dtype helps)
     fp16_overflow.CAUSE,
     eps_underflow.CAUSE,
     fully_masked_softmax.CAUSE,
+    float32_overflow.CAUSE,
     # found by lint only, in the order of the calls
     clip_before_unscale.CAUSE,
     fp16_without_grad_scaler.CAUSE,
