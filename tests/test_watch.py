@@ -301,3 +301,43 @@ def test_a_nan_that_makes_the_script_raise_inside_its_step_is_that_steps_failure
     assert code == 1 and report["status"] == "nonfinite"
     assert (first["step"], first["phase"], first["tensor"]) == (3, "input", "input:0")
     assert first["reproduced"] is True and report["causes"][0]["id"] == "nonfinite-input"
+
+
+SLOWER_RERUN = """
+import sys, time
+from pathlib import Path
+import torch, torch.nn as nn
+torch.manual_seed(0)
+marker = Path(sys.argv[1])
+rerun = marker.exists()  # the first run leaves it: this is the replay
+marker.touch()
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(4):
+    if rerun:
+        time.sleep(60)  # a shared resource the rerun waits for
+    x = torch.randn(16, 4)
+    if i == 2:
+        x[0, 0] = float("nan")
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_rerun_stopped_for_its_time_says_so_not_that_it_ended_early(tmp_path, monkeypatch):
+    """A rerun is stopped when it takes far longer than the first run took to fail: the
+    note says it was stopped, and after how long (it read 'ended before step 2')."""
+    from nandoctor.watch import runner
+
+    monkeypatch.setattr(runner, "RERUN_MIN_S", 1.0)
+    monkeypatch.setattr(runner, "RERUN_SLACK_S", 2.0)
+    (tmp_path / "train.py").write_text(SLOWER_RERUN)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"), str(tmp_path / "marker"))
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"], first["reproduced"]) == (2, "input", False)
+    note = next(n for n in report["notes"] if "rerun" in n)
+    assert note.startswith("the instrumented replay did not reach step 2: the rerun of the ")
+    assert "command was stopped after " in note and "ended before" not in note
+    assert note.endswith(
+        "(a rerun may take 3x the first run's time to fail plus 2 s, and at least 1 s)"
+    )

@@ -78,11 +78,19 @@ def _verdict(data: dict[str, Any]) -> Verdict:
     return Verdict(**{**data, "reading": Reading(**data["reading"]), "phase": phase})
 
 
-def load_trace(folder: str, step: int, last_output: str = "") -> Localization:
+def load_trace(
+    folder: str, step: int, last_output: str = "", stopped_after: str | None = None
+) -> Localization:
     """What the replay run found at `step`; a note says why when it found nothing (with
-    the rerun's last line of output when it ended early)."""
+    the rerun's last line of output when it ended early; `stopped_after`: the time after
+    which the rerun was stopped for taking too long, when it was)."""
     traces = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("trace-*.json"))]
     tail = f"; its last output: {last_output}" if last_output else ""
+    if stopped_after is not None and not any(t["reached"] for t in traces):
+        # NB: it did not end, it was slower than the first run (its last output is the
+        # interrupt that stopped it)
+        note = f"the rerun of the command was stopped after {stopped_after}"
+        return Localization(step, None, note=note, reached=False)
     if not traces:
         note = f"the rerun of the command never got there{tail}"
         return Localization(step, None, note=note, reached=False)

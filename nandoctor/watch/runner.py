@@ -42,6 +42,11 @@ from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, ENV, Settings
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
 POLL_S = 0.5  # how often a running command's folder is looked at
+TIMED_OUT_CODE = 124  # a command stopped for taking too long (as `timeout(1)` exits)
+# A rerun that takes longer than RERUN_MIN_S, and than 3x the first run's time to fail
+# plus RERUN_SLACK_S, is stopped (it would wait for a shared resource, or never end)
+RERUN_MIN_S = 60.0
+RERUN_SLACK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,8 @@ def run_command(
     stdout_to_stderr: bool = False,
     interrupt_raises: bool = False,
 ) -> int:
-    """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted).
+    """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted,
+    `TIMED_OUT_CODE` when stopped after `timeout` seconds).
     `interrupt_raises`: a Ctrl-C (or SIGTERM) stops the command, then raises
     KeyboardInterrupt (a rerun's end is not the command's)."""
     env = dict(os.environ)
@@ -137,7 +143,9 @@ def _wait(
                     break
     except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:  # Ctrl-C, SIGTERM, too long
         _stop(proc)
-        if interrupt_raises and isinstance(e, KeyboardInterrupt):
+        if isinstance(e, subprocess.TimeoutExpired):
+            return TIMED_OUT_CODE
+        if interrupt_raises:
             raise
         return INTERRUPTED_CODE
     return 128 - code if code < 0 else code
@@ -175,7 +183,7 @@ def _maybe_replay(
         ]
     if on_replay is not None:
         on_replay(failure.step)
-    timeout = max(60.0, 3 * result.seconds + 30)
+    timeout = max(RERUN_MIN_S, 3 * result.seconds + RERUN_SLACK_S)
 
     def replay(step: int, loss_scale: float | None) -> Localization:
         """The command run again with the tracer armed at `step` (a script cannot be
@@ -183,11 +191,19 @@ def _maybe_replay(
         with tempfile.TemporaryDirectory(prefix="nandoctor-replay-") as folder:
             settings = Settings(folder, trace_step=step, loss_scale=loss_scale)
             log = Path(folder) / "replay.log"
-            run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
-            return results.load_trace(folder, step, _last_line(log))
+            code = run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
+            stopped = _rerun_limit(timeout) if code == TIMED_OUT_CODE else None
+            return results.load_trace(folder, step, _last_line(log), stopped_after=stopped)
 
     located, result.failure = localize_failure(failure, result.start_step, replay)
     return located, []
+
+
+def _rerun_limit(timeout: float) -> str:
+    return (
+        f"{_seconds(timeout)} (a rerun may take 3x the first run's time to fail plus "
+        f"{_seconds(RERUN_SLACK_S)}, and at least {_seconds(RERUN_MIN_S)})"
+    )
 
 
 def _seconds(value: float) -> str:
