@@ -132,13 +132,17 @@ import torch.nn.functional as F
 _calls = 0
 
 
-def hanging_loss(model, batch):
+def hanging_loss(model, batch, rank="0"):
     global _calls
     _calls += 1
-    if os.environ.get("RANK") == "0" and _calls == 3:
-        time.sleep(600)  # rank 0 stops calling collectives: a stuck data source, say
+    if os.environ.get("RANK") == rank and _calls == 3:
+        time.sleep(600)  # the rank stops calling collectives: a stuck data source, say
     x, y = batch
     return F.cross_entropy(model(x), y)
+
+
+def rank_1_hangs(model, batch):
+    return hanging_loss(model, batch, rank="1")
 """
 
 
@@ -157,6 +161,23 @@ def test_a_hung_rank_0_is_reported_as_the_failed_job_it_is_not_as_interrupted(tm
     assert report["notes"][-1].startswith(
         "the job's launcher stopped rank 0 after this error: rank 1: another rank hung"
     )
+
+
+@pytest.mark.slow
+def test_a_hung_rank_1_ends_rank_0s_run_and_its_report_says_why(tmp_path):
+    """Rank 0, which reports for the job, times out waiting for rank 1: its run ends there
+    (status "error", exit 3), judged on the steps done, and the report says which wait
+    timed out (there was no report at all)."""
+    train = "import os\n" + TRAIN + HANG_LOSS
+    extra = "loss: train.py:rank_1_hangs\ndistributed: {timeout_s: 5}\n"
+    proc, report = run_two_ranks(tmp_path, {}, train=train, extra=extra)
+    assert proc.returncode == 3, proc.stderr
+    assert report is not None and report["status"] == "error", proc.stderr
+    assert report["steps_completed"] == 2 and report["first_nonfinite"] is None
+    assert report["summary"].startswith(
+        "rank 0: another rank hung: no answer within distributed.timeout_s during "
+    )
+    assert "died" not in proc.stderr
 
 
 AGREE_SCRIPT = """

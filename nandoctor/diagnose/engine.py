@@ -97,6 +97,10 @@ def diagnose(
         probe=Probes(lrs, *([headroom] if headroom is not None else [])),
         deadline=deadline,
         user_exit_ends_run=True,
+        # NB: rank 0 reports for the job: a rank it waited for in vain ends its run there,
+        # judged so far (a rank that waits for a hung rank 0 fails instead, and says why
+        # in the job's store, where rank 0's report reads it: cli.diagnose)
+        peer_hang_ends_run=ranks is not None and ranks.rank == 0,
     )
     findings = Findings(
         "diagnose",
@@ -127,7 +131,8 @@ def diagnose(
             findings.gate = _gate_of(findings, options)
     _causes(findings, loaded, session, options, lrs, store)
     if session.ranks is not None:
-        _leave(session, interrupted=result.status == "interrupted")
+        # NB: a rank that hung (status "error") would never reach the final barrier
+        _leave(session, interrupted=result.status in ("interrupted", "error"))
     return assemble(findings)
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from nandoctor.errors import UserExit
+from nandoctor.errors import PeerFailure, UserExit
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
@@ -36,6 +36,7 @@ def fast_run(
     thorough: bool = False,
     batches: Iterable[tuple[int, Any]] | None = None,
     user_exit_ends_run: bool = False,
+    peer_hang_ends_run: bool = False,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
@@ -47,7 +48,9 @@ def fast_run(
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     `batches` replaces the session's stream (a run resumed from a snapshot starts later).
     With `user_exit_ends_run`, `sys.exit()` or `os._exit()` in the user's code ends the run
-    with status "error" (`ended_by` says where), judged on the steps done, not raised.
+    with status "error" (`ended_by` says where), judged on the steps done, not raised; with
+    `peer_hang_ends_run` (the rank that reports for a data-parallel job), so does another
+    rank that hung (it stopped answering the collectives: its data, its model).
     """
     result = RunResult("healthy", session.start_step, 0)
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
@@ -74,8 +77,9 @@ def fast_run(
                 recorder.record(sentinel.collect(final=True))
     except KeyboardInterrupt:
         result.status = "interrupted"
-    except UserExit as e:
-        if not user_exit_ends_run:
+    except (UserExit, PeerFailure) as e:
+        ends = user_exit_ends_run if isinstance(e, UserExit) else peer_hang_ends_run and e.hung
+        if not ends:
             raise
         result.status, result.ended_by = "error", e.message
     recorder.stop()
