@@ -341,3 +341,28 @@ def test_a_rerun_stopped_for_its_time_says_so_not_that_it_ended_early(tmp_path, 
     assert note.endswith(
         "(a rerun may take 3x the first run's time to fail plus 2 s, and at least 1 s)"
     )
+
+
+RAISES_A_BUG = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(6):
+    loss = model(torch.randn(16, 4)).pow(2).mean()
+    if i == 3:
+        raise RuntimeError("disk full while logging")
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_step_the_script_raised_in_without_a_nan_is_not_a_step_run(tmp_path):
+    """A bug that ends the script inside step 3 leaves steps 0-2 run, finite: step 3 is
+    not counted, and its loss without a backward is not telemetry (it was: 4 steps, the
+    last with a gradient norm of 0)."""
+    (tmp_path / "train.py").write_text(RAISES_A_BUG)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
+    assert code == 1 and report["status"] == "error"  # the script's own exit code
+    assert report["steps_completed"] == 3 and report["summary"] == "all 3 steps stayed finite"
+    assert report["telemetry"]["step"] == [0, 1, 2]
+    assert all(g > 0 for g in report["telemetry"]["grad_norm"])

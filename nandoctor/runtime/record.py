@@ -73,6 +73,10 @@ class Recorder:
 
     def _one(self, v: Verdict) -> None:
         r, result = v.reading, self.result
+        if r.aborted and not v.failed:
+            # NB: a step the script raised in (a bug, not a NaN) never finished: it is not
+            # a step run, and what it left (a loss without its backward) is no telemetry
+            return
         now = time.perf_counter()
         result.step_seconds.append(now - self._last)
         result.seconds, self._last = now - self.started, now
