@@ -106,11 +106,13 @@ HALF = torch.half
 with autocast("cuda", dtype=f16):
     loss = model(x).sum()
 loss.backward()
+opt.step()
 with autocast("cuda", dtype=HALF):
     loss = model(x).sum()
 loss.backward()
+opt.step()
 """
-    assert found(text) == [4, 7]
+    assert found(text) == [4, 8]
 
 
 NOTEBOOK_CELL = """\
@@ -300,10 +302,11 @@ def test_the_float16_scaler_free_loop_is_flagged_beside_a_float32_one():
 def test_a_loss_scaled_by_hand_is_trusted(backward, flagged):
     text = f"""\
 import torch
-def step(model, x):
+def step(model, opt, x):
     with torch.autocast("cuda", dtype=torch.float16):
         loss = model(x)
     {backward}
+    opt.step()
 """
     assert found(text) == ([3] if flagged else [])
 
@@ -373,3 +376,160 @@ def test_the_finding_can_be_suppressed_on_the_autocast_line():
         "with torch.cuda.amp.autocast():  # nandoctor: ignore[fp16-without-grad-scaler]",
     )
     assert found(text) == []
+
+
+# A model test (diffusers', transformers' style): it backpropagates under float16 to check
+# that every parameter gets a gradient, and never updates a weight.
+GRADIENT_TEST = """\
+import unittest
+
+import torch
+
+
+class UNetTests(unittest.TestCase):
+    def test_mixed_precision_backward(self):
+        model = self.get_model()
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            loss = model(**self.inputs).sample.mean()
+        loss.backward()
+        for name, param in model.named_parameters():
+            self.assertIsNotNone(param.grad, name)
+"""
+
+
+def test_a_backward_that_no_optimizer_step_follows_trains_nothing():
+    assert found(GRADIENT_TEST) == []
+
+
+def test_a_script_that_only_inspects_gradients_is_not_flagged():
+    text = """\
+import torch
+with torch.autocast(device_type="cuda", dtype=torch.float16):
+    loss = model(x).sum()
+    loss.backward()
+print("Gradient type", model.fc1.weight.grad.dtype)
+"""
+    assert found(text) == []
+
+
+def test_a_step_in_another_test_of_the_file_does_not_make_the_gradient_test_training():
+    text = (
+        GRADIENT_TEST
+        + """
+    def test_training(self):  # float32
+        model = self.get_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        loss = model(**self.inputs).sample.mean()
+        loss.backward()
+        optimizer.step()
+"""
+    )
+    assert found(text) == []
+
+
+def test_schedulers_profilers_and_ema_do_not_step_an_optimizer():
+    text = GRADIENT_TEST.replace(
+        "        for name, param",
+        "        lr_scheduler.step()\n        prof.step()\n"
+        "        ema_model.step(model.parameters())\n"
+        "        noise_scheduler.step(noise_pred, t, sample)\n        for name, param",
+    )
+    assert found(text) == []
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "optimizer.step()",
+        "self.optimizer.step()",
+        "optimizers[0].step()",
+        "g_optim.step()",
+        "optimizer.step(closure)",
+        "opt.step(closure=closure)",
+        "trainer.step()",
+    ],
+)
+def test_an_optimizer_step_of_any_name_makes_it_training(step):
+    text = f"""\
+import torch
+def train(model, x):
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x)
+    loss.backward()
+    {step}
+"""
+    assert found(text) == [3]
+
+
+def test_a_step_in_a_helper_the_training_function_calls_counts():
+    text = """\
+import torch
+
+
+def apply_update(opt, model):
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+
+
+def train(model, opt, loader):
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x, y)
+        loss.backward()
+        apply_update(opt, model)
+"""
+    assert found(text) == [12]
+
+
+def test_a_step_in_the_caller_or_a_sibling_method_it_calls_counts():
+    text = """\
+import torch
+
+
+class Trainer:
+    def fit(self, loader):
+        for batch in loader:
+            self.backprop(batch)
+            self.update()
+
+    def backprop(self, batch):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.model(batch)
+        loss.backward()
+
+    def update(self):
+        self.opt.step()
+"""
+    assert found(text) == [11]
+
+
+def test_a_closure_stepped_by_its_optimizer_counts():
+    text = """\
+import torch
+def train(model, opt, x):
+    def closure():
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x)
+        loss.backward()
+        return loss
+    opt.step(closure)
+"""
+    assert found(text) == [5]
+
+
+def test_an_autocast_forward_is_training_when_the_file_steps_anywhere():
+    """The backward of a decorated `forward` is elsewhere: any step of the file counts."""
+    text = """\
+import torch
+class Net(torch.nn.Module):
+    @torch.autocast("cuda")
+    def forward(self, x):
+        return self.fc(x)
+def train(model, opt, x):
+    model(x).sum().backward()
+    opt.step()
+"""
+    assert found(text) == [3]
+    assert found(text.replace("    opt.step()\n", "")) == []

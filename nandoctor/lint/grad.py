@@ -8,6 +8,9 @@ file (`pairwise_distance(a, b)`, `self._attend(q, k)`), to a fixed point. An opt
 that only a notebook calls. Code under
 `torch.no_grad()` is never differentiated. Data loading, metrics and plotting are left
 out, which is what keeps the heuristic checks quiet there.
+
+`call_chain` answers the neighbouring question of which code runs together with a function:
+its callers and everything they call (an optimizer step in the loop that calls it).
 """
 
 from __future__ import annotations
@@ -65,17 +68,46 @@ def _is_backward(src: Source, call: ast.Call) -> bool:
 
 
 def _closure(src: Source, seeds: set[ast.AST]) -> frozenset[ast.AST]:
-    functions = _functions_by_name(src)
+    return _reach(_callees(src), seeds)
+
+
+def call_chain(src: Source, scope: ast.AST) -> frozenset[ast.AST]:
+    """The scopes that run in one call chain with `scope`: the functions that call it,
+    directly or not (a function nested in another counts as called by it: the `closure`
+    handed to `optimizer.step(closure)`), and everything any of those calls. Two tests that
+    share a helper are not in one chain: what one of them does says nothing of the other."""
+    callers: dict[ast.AST, set[ast.AST]] = {}
+    for caller, called in _callees(src).items():
+        for function in called:
+            callers.setdefault(function, set()).add(caller)
+    for function in src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef):
+        outer = src.function_of(function)
+        if outer is not None:
+            callers.setdefault(function, set()).add(outer)
+    return _reach(_callees(src), set(_reach(callers, {scope})))
+
+
+def _reach(edges: dict[ast.AST, set[ast.AST]], seeds: set[ast.AST]) -> frozenset[ast.AST]:
     done: set[ast.AST] = set()
     todo = list(seeds)
     while todo:
         scope = todo.pop()
-        if scope in done:
-            continue
-        done.add(scope)
-        for call in src.calls_by_function.get(scope, []):
-            todo.extend(functions.get(_called_name(src, call), []))
+        if scope not in done:
+            done.add(scope)
+            todo.extend(edges.get(scope, ()))
     return frozenset(done)
+
+
+def _callees(src: Source) -> dict[ast.AST, set[ast.AST]]:
+    """Each scope's calls, by name, to functions of this file (module code is a scope too)."""
+    cache = src.__dict__.setdefault("_callees", {})
+    if "edges" not in cache:
+        functions = _functions_by_name(src)
+        cache["edges"] = {
+            scope: {f for call in calls for f in functions.get(_called_name(src, call), [])}
+            for scope, calls in src.calls_by_function.items()
+        }
+    return cache["edges"]
 
 
 def _functions_by_name(src: Source) -> dict[str | None, list[ast.AST]]:

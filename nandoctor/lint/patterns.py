@@ -10,6 +10,7 @@ not `self` (a module's own `self.log(...)` is Lightning's logger, not `Tensor.lo
 from __future__ import annotations
 
 import ast
+import re
 
 from nandoctor.lint.source import Source
 
@@ -49,6 +50,10 @@ GRAD_SCALERS = frozenset(
     {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.GradScaler"}
     | {"torch.cpu.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"}
 )
+
+# NB: the words (`lr_scheduler` -> lr, scheduler) of receivers whose `.step()` updates no
+# weights: LR schedulers, the profiler, an EMA, an RL environment, early stopping, progress.
+NOT_OPTIMIZER_WORDS = ("sched", "prof", "ema", "env", "stop", "pbar", "progress", "timer", "warmup")
 
 VIEW_METHODS = frozenset({
     "view", "view_as", "reshape", "reshape_as", "squeeze", "unsqueeze", "squeeze_",
@@ -125,6 +130,30 @@ def log_input(src: Source, call: ast.Call) -> ast.expr | None:
 def is_clip(src: Source, call: ast.Call) -> bool:
     """torch's own gradient clipping (not `accelerator.clip_grad_norm_`, which unscales)."""
     return qualname(src, call) in CLIP
+
+
+def is_optimizer_step(src: Source, call: ast.Call) -> bool:
+    """An update of the weights: `opt.step()`, `self.optimizer.step()`, `optimizers[0].step()`,
+    `optimizer.step(closure)` (LBFGS), `scaler.step(opt)`. An optimizer can have any name, so
+    the shape decides: a `step` method with no argument, or one on an optimizer or scaler.
+    Not the `step()` of an LR scheduler, the profiler, an EMA or early stopping (their names
+    say so), not `env.step(action)` or a diffusion scheduler's `step(noise, t, x)`, not a
+    module's function or the class's own `self.step()`."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "step"):
+        return False
+    receiver = func.value
+    if src.qualname(receiver) is not None or getattr(receiver, "id", "") in ("self", "cls"):
+        return False
+    words = re.split(r"[^a-z]+", ast.unparse(receiver).lower())
+    if any(w.startswith(NOT_OPTIMIZER_WORDS) for w in words):
+        return False
+    arguments = [*call.args, *call.keywords]
+    if not arguments:
+        return True
+    closure = len(call.keywords) == 1 and call.keywords[0].arg == "closure"
+    named = any(w.startswith(("opt", "scaler")) or w.endswith("scaler") for w in words)
+    return len(arguments) == 1 and (closure or named)
 
 
 def is_no_grad(src: Source, expr: ast.expr) -> bool:

@@ -4,14 +4,23 @@ Flagged: an autocast to float16 (`dtype=torch.float16` or `torch.half` through a
 or no dtype where float16 is the default: `torch.cuda.amp.autocast()`,
 `torch.autocast("cuda")`, a device held in a variable) that training code enters, in a file
 that calls `loss.backward()` (or `torch.autograd.backward(loss)`) itself and has no
-GradScaler anywhere. The finding is on the autocast call, once per region: float16 is
-chosen there, so both fixes start on that line (a bfloat16 dtype, or a scaler around the
-backward the message names), and a loop with several backwards (a GAN's two losses) gets
-one finding, not one per backward. An autocast built once and entered later
-(`ctx = torch.autocast(...)`, `ctx = nullcontext() if cpu else torch.autocast(...)`) is
-judged where a `with ctx:` enters it.
+GradScaler anywhere. Training means an optimizer step follows: `opt.step()` under any name
+(`self.optimizer.step()`, `optimizers[0].step()`, `optimizer.step(closure)`), in the
+function that backpropagates under the autocast or in its call chain (a helper it calls, the
+loop that calls it, a method that loop calls, the optimizer a closure is handed to); for an
+autocast whose backward is elsewhere (a decorated `forward`), anywhere in the file.
+The finding is on the autocast call, once per region: float16 is chosen there, so both
+fixes start on that line (a bfloat16 dtype, or a scaler around the backward the message
+names), and a loop with several backwards (a GAN's two losses) gets one finding, not one
+per backward. An autocast built once and entered later (`ctx = torch.autocast(...)`,
+`ctx = nullcontext() if cpu else torch.autocast(...)`) is judged where a `with ctx:`
+enters it.
 
-Not flagged: a file that uses a GradScaler in any form (`torch.amp.GradScaler`,
+Not flagged: a backward that no optimizer step follows (a model test that backpropagates
+under float16 to assert on `.grad`, as diffusers' and transformers' tests do, even beside
+another test of the file that steps an optimizer; the `step()` of an LR scheduler, the
+profiler, an EMA, early stopping or a diffusion scheduler is no optimizer step); a file that
+uses a GradScaler in any form (`torch.amp.GradScaler`,
 `torch.cuda.amp.GradScaler`, FSDP's `ShardedGradScaler`, a `scaler` passed in and used as
 `scaler.scale(loss)`, timm's `loss_scaler(...)`); a library that owns the backward
 (`accelerator.backward(loss)`, `engine.backward(loss)`, `fabric.backward(loss)`,
@@ -35,7 +44,7 @@ from collections.abc import Iterator
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, from_line
 from nandoctor.lint.fp16 import float16_autocast
-from nandoctor.lint.grad import differentiated
+from nandoctor.lint.grad import call_chain, differentiated
 from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.scaler import is_scale, scaler_uses
 from nandoctor.lint.source import Source, position
@@ -107,6 +116,13 @@ opt.step()
 with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
     val_loss = loss_fn(model(x_val), y_val)  # evaluation: no gradients
 """,
+    """\
+import torch
+with torch.autocast("cuda", dtype=torch.float16):
+    loss = model(x).sum()
+loss.backward()  # a test of the gradients: no optimizer steps, nothing is trained
+assert all(p.grad is not None for p in model.parameters())
+""",
 )
 
 
@@ -122,10 +138,15 @@ def fp16_without_grad_scaler(src: Source) -> Iterator[Hit]:
     backwards = [c for c in src.calls if _plain_backward(src, c)]
     if not backwards or _scales_elsewhere(src):
         return
+    steps = [c for c in src.calls if patterns.is_optimizer_step(src, c)]
     for call in src.calls:
         if not float16_autocast(src, call):
             continue
-        training = [site for site in _entered_at(src, call) if _trains(src, site)]
+        training = [
+            site
+            for site in _entered_at(src, call)
+            if _trains(src, site) and _steps_after(src, site, backwards, steps)
+        ]
         if training:
             yield Hit(call, _message(src, call, _backward_after(src, training[0], backwards)))
 
@@ -233,13 +254,34 @@ def _trains(src: Source, site: ast.AST) -> bool:
     """The autocast at `site` covers code that is differentiated, not evaluation."""
     if patterns.in_no_grad(src, site):
         return False
-    parent, field = src.parents.get(site, (None, ""))
-    function = parent if field == "decorator_list" else src.function_of(site)
+    function = _function_entering(src, site)
     if function is None:
         return src.tree in differentiated(src)
     if _evaluation(src, function):  # type: ignore[arg-type]
         return False
     return function in differentiated(src)
+
+
+def _function_entering(src: Source, site: ast.AST) -> ast.AST | None:
+    """The function whose code runs under the autocast: the decorated one for
+    `@torch.autocast(...)`, else the one around the `with` (None at module level)."""
+    parent, field = src.parents.get(site, (None, ""))
+    return parent if field == "decorator_list" else src.function_of(site)
+
+
+def _steps_after(
+    src: Source, site: ast.AST, backwards: list[ast.Call], steps: list[ast.Call]
+) -> bool:
+    """Only an optimizer step turns an overflowed gradient into NaN weights: a test that
+    backpropagates under float16 to assert on `.grad` trains nothing. Where the code under
+    the autocast backpropagates itself, the step must be in its call chain (a helper it
+    calls, a caller's loop, another test's optimizer does not count); an autocast whose
+    backward is elsewhere (a `forward`) needs a step anywhere in the file."""
+    scope = _function_entering(src, site) or src.tree
+    if not any((src.function_of(b) or src.tree) is scope for b in backwards):
+        return bool(steps)
+    chain = call_chain(src, scope)
+    return any((src.function_of(s) or src.tree) in chain for s in steps)
 
 
 def _evaluation(src: Source, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
