@@ -533,3 +533,64 @@ def train(model, opt, x):
 """
     assert found(text) == [3]
     assert found(text.replace("    opt.step()\n", "")) == []
+
+
+DISABLED_SCALER = """\
+import torch
+
+scaler = torch.cuda.amp.GradScaler(enabled=False)
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = loss_fn(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize(
+    "scaler",
+    [
+        "torch.cuda.amp.GradScaler(enabled=False)",
+        'torch.amp.GradScaler("cuda", enabled=False)',
+        "torch.cuda.amp.GradScaler(2.0**16, 2.0, 0.5, 2000, False)",
+    ],
+)
+def test_a_disabled_scaler_is_no_scaler(scaler):
+    """`enabled=False` makes `scale(loss)` the loss itself: float16 gradients unscaled."""
+    assert found(DISABLED_SCALER.replace("torch.cuda.amp.GradScaler(enabled=False)", scaler)) == [5]
+
+
+def test_the_message_asks_to_enable_the_disabled_scaler():
+    (finding,) = [f for f in lint_text(DISABLED_SCALER).findings if f.id == ID]
+    assert finding.message.startswith(
+        "Enable the GradScaler (`torch.cuda.amp.GradScaler(enabled=False)` (from line 3)"
+    )
+    assert "`scaler.scale(loss).backward()` (from line 7) runs unscaled" in finding.message
+
+
+def test_a_disabled_scaler_beside_a_plain_backward_is_flagged():
+    text = DISABLED_SCALER.replace("scaler.scale(loss).backward()", "loss.backward()")
+    assert found(text.replace("scaler.step(opt)", "opt.step()")) == [5]
+
+
+@pytest.mark.parametrize(
+    "scaler",
+    [
+        "torch.cuda.amp.GradScaler(enabled=use_amp)",
+        'torch.amp.GradScaler("cuda", enabled=(dtype == "float16"))',
+        "torch.cuda.amp.GradScaler(enabled=True)",
+        "torch.cuda.amp.GradScaler()",
+        # an off switch for the CPU only: the CUDA scaler may be on
+        'torch.amp.GradScaler("cuda", enabled=amp) if cuda '
+        "else torch.amp.GradScaler(enabled=False)",
+    ],
+)
+def test_a_scaler_that_may_be_enabled_still_counts(scaler):
+    assert found(DISABLED_SCALER.replace("torch.cuda.amp.GradScaler(enabled=False)", scaler)) == []
+
+
+def test_another_librarys_scaler_beside_a_disabled_one_still_counts():
+    """timm's `NativeScaler` scales inside the library, whatever GradScaler sits beside it."""
+    timm = "from timm.utils import NativeScaler\nloss_scaler = NativeScaler()\n"
+    assert found(DISABLED_SCALER.replace("import torch\n", f"import torch\n{timm}")) == []

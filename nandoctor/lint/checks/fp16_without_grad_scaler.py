@@ -14,25 +14,27 @@ fixes start on that line (a bfloat16 dtype, or a scaler around the backward the 
 names), and a loop with several backwards (a GAN's two losses) gets one finding, not one
 per backward. An autocast built once and entered later (`ctx = torch.autocast(...)`,
 `ctx = nullcontext() if cpu else torch.autocast(...)`) is judged where a `with ctx:`
-enters it.
+enters it. A GradScaler built with a literal `enabled=False` is no scaler: when every one
+the file builds is so, `scaler.scale(loss).backward()` is a plain backward and
+`scaler.step(opt)` a plain step, and the message asks to enable it.
 
 Not flagged: a backward that no optimizer step follows (a model test that backpropagates
 under float16 to assert on `.grad`, as diffusers' and transformers' tests do, even beside
 another test of the file that steps an optimizer; the `step()` of an LR scheduler, the
 profiler, an EMA, early stopping or a diffusion scheduler is no optimizer step); a file that
-uses a GradScaler in any form (`torch.amp.GradScaler`,
-`torch.cuda.amp.GradScaler`, FSDP's `ShardedGradScaler`, a `scaler` passed in and used as
-`scaler.scale(loss)`, timm's `loss_scaler(...)`); a library that owns the backward
-(`accelerator.backward(loss)`, `engine.backward(loss)`, `fabric.backward(loss)`,
-`self.manual_backward(loss)`, a LightningModule's `training_step`, apex's
-`amp.scale_loss`); a loss scaled by hand (`(loss * loss_scale).backward()`,
-`(loss * 1024).backward()`, `scaled_loss.backward()`: the code says it scales, so it is
-trusted to unscale and skip too); autocast under `torch.no_grad()` or
-`torch.inference_mode()`, or in an evaluation function that never backpropagates
-(`evaluate`, `validate`, `predict`...); the CPU's autocast (bfloat16 by default) and any
-bfloat16 autocast; `enabled=False`. A dtype held in a variable (`dtype=amp_dtype`) is not
-guessed. Only this file is read: an autocast in `model.py` and the backward in `train.py`
-are not connected.
+uses a GradScaler in any form (`torch.amp.GradScaler`, `torch.cuda.amp.GradScaler`, FSDP's
+`ShardedGradScaler`, a `scaler` passed in and used as `scaler.scale(loss)`, timm's
+`loss_scaler(...)`), including one that may be on (`GradScaler(enabled=use_amp)`, nanoGPT's
+`enabled=(dtype == 'float16')`, a disabled one for the CPU beside it); a library that owns
+the backward (`accelerator.backward(loss)`, `engine.backward(loss)`,
+`fabric.backward(loss)`, `self.manual_backward(loss)`, a LightningModule's `training_step`,
+apex's `amp.scale_loss`); a loss scaled by hand (`(loss * loss_scale).backward()`,
+`(loss * 1024).backward()`, `scaled_loss.backward()`: the code says it scales, so it is trusted to
+unscale and skip too); autocast under `torch.no_grad()` or `torch.inference_mode()`, or in
+an evaluation function that never backpropagates (`evaluate`, `validate`, `predict`...); the
+CPU's autocast (bfloat16 by default) and any bfloat16 autocast; an autocast with
+`enabled=False`. A dtype held in a variable (`dtype=amp_dtype`) is not guessed. Only this
+file is read: an autocast in `model.py` and the backward in `train.py` are not connected.
 """
 
 from __future__ import annotations
@@ -163,7 +165,9 @@ def _plain_backward(src: Source, call: ast.Call) -> bool:
     if (isinstance(loss, ast.Name) and loss.id in ("self", "cls")) or src.qualname(loss):
         return False
     if isinstance(loss, ast.Call) and is_scale(src, loss):
-        return False  # scaler.scale(loss).backward()
+        if _disabled_scaler(src) is None:
+            return False  # scaler.scale(loss).backward()
+        loss = loss.args[0]  # a disabled scaler returns the loss as it is
     return not _scaled_by_hand(src, loss)
 
 
@@ -205,14 +209,41 @@ def _times_big_constant(src: Source, node: ast.AST) -> bool:
 
 
 def _scales_elsewhere(src: Source) -> bool:
-    """A GradScaler, or a library that scales the loss, anywhere in the file."""
-    if scaler_uses(src):
+    """A GradScaler, or a library that scales the loss, anywhere in the file. When the
+    file's only GradScalers are disabled, their uses and names say nothing: only another
+    library's scaler class (timm's `NativeScaler`, `ApexScaler`) still counts."""
+    disabled = _disabled_scaler(src) is not None
+    if scaler_uses(src) and not disabled:
         return True
     for node in src.nodes_of(ast.Name) + src.nodes_of(ast.Attribute):
         name = node.id if isinstance(node, ast.Name) else node.attr  # type: ignore[attr-defined]
-        if src.qualname(node) in SCALERS or SCALER_NAME.search(name):
+        qualname = src.qualname(node)
+        if disabled and (qualname is None or qualname in SCALERS):
+            continue
+        if qualname in SCALERS or SCALER_NAME.search(name):
             return True
     return any(_library_backward(src, c) for c in src.calls) or _lightning(src)
+
+
+def _disabled_scaler(src: Source) -> ast.Call | None:
+    """The first GradScaler built, when the file builds some and every one with a literal
+    `enabled=False`: a pass-through whose `scale(loss)` is the loss itself and whose
+    `step(opt)` is `opt.step()`. `enabled=use_amp` (or any expression) may be on."""
+    cache = src.__dict__.setdefault("_fp16_disabled_scaler", {})
+    if "call" not in cache:
+        built = [c for c in src.calls if src.qualname(c.func) in SCALERS]
+        off = built and all(_literally_disabled(src, c) for c in built)
+        cache["call"] = built[0] if off else None
+    return cache["call"]
+
+
+def _literally_disabled(src: Source, scaler: ast.Call) -> bool:
+    """`GradScaler(enabled=False)`; `enabled` is the fifth parameter of the CUDA and CPU
+    classes, the sixth where `device` comes first (`torch.amp.GradScaler("cuda", ...)`)."""
+    name = src.qualname(scaler.func) or ""
+    position = 4 if name.startswith(("torch.cuda.amp.", "torch.cpu.amp.")) else 5
+    enabled = patterns.arg(scaler, position, "enabled")
+    return isinstance(enabled, ast.Constant) and enabled.value is False
 
 
 def _library_backward(src: Source, call: ast.Call) -> bool:
@@ -305,8 +336,20 @@ def _message(src: Source, autocast: ast.Call, backward: ast.Call) -> str:
     call = src.segment(backward)
     where = "" if backward.lineno == autocast.lineno else from_line(backward.lineno)
     return (
-        f"Add a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(opt)`, "
-        f"`scaler.update()`) or autocast to `torch.bfloat16`: under {what}, `{call}`"
+        f"{_remedy(src)} or autocast to `torch.bfloat16`: under {what}, `{call}`"
         f"{where} runs unscaled, so gradients below 6e-8 flush to 0 and one above 65504 "
         f"becomes inf, which reaches the optimizer unskipped and turns the weights NaN."
+    )
+
+
+def _remedy(src: Source) -> str:
+    disabled = _disabled_scaler(src)
+    if disabled is None:
+        return (
+            "Add a GradScaler (`scaler.scale(loss).backward()`, `scaler.step(opt)`, "
+            "`scaler.update()`)"
+        )
+    return (
+        f"Enable the GradScaler (`{src.segment(disabled)}`{from_line(disabled.lineno)} "
+        f"passes the loss through unscaled and never skips a step)"
     )
