@@ -98,3 +98,15 @@ def test_a_class_whose_forward_returns_a_softmax():
         "        return torch.softmax(x, -1)\nmodel = Net()\nout = model(x)\nout\n"
     )
     assert kinds_of(code, "out") == {Kind.SOFTMAX}
+
+
+def test_float16_travels_through_a_dtype_lookup_and_a_conditional():
+    code = (
+        "import torch\nfrom torch import half as h\n"
+        "table = {'fp32': torch.float32, 'fp16': torch.float16}\n"
+        "a = table[name]\nb = torch.bfloat16 if bf16 else h\nc = {'bf16': torch.bfloat16}[name]\n"
+        "def f():\n    return a, b, c\n"
+    )
+    assert Kind.FLOAT16 in kinds_of(code, "a")
+    assert Kind.FLOAT16 in kinds_of(code, "b")
+    assert Kind.FLOAT16 not in kinds_of(code, "c")

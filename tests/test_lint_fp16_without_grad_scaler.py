@@ -594,3 +594,125 @@ def test_another_librarys_scaler_beside_a_disabled_one_still_counts():
     """timm's `NativeScaler` scales inside the library, whatever GradScaler sits beside it."""
     timm = "from timm.utils import NativeScaler\nloss_scaler = NativeScaler()\n"
     assert found(DISABLED_SCALER.replace("import torch\n", f"import torch\n{timm}")) == []
+
+
+# llm.c's train_gpt2.py (its `__main__` block, dedented): the dtype is a flag, float16 one of
+# its values, and no scaler.
+LLMC = """\
+import torch
+from contextlib import nullcontext
+
+dtype = args.dtype
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = torch.amp.autocast(device_type="cuda", dtype=ptdtype) if device == "cuda" else nullcontext()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+for i in range(args.num_iterations):
+    with ctx:
+        logits, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_dtype_looked_up_in_a_dict_that_offers_float16_is_flagged():
+    assert found(LLMC) == [6]
+
+
+def test_the_message_says_it_applies_when_float16_is_picked():
+    (finding,) = [f for f in lint_text(LLMC).findings if f.id == ID]
+    assert "under autocast to `ptdtype` (whenever it picks float16)" in finding.message
+    assert "`loss.backward()` (from line 12)" in finding.message
+
+
+def test_nanogpt_scales_exactly_when_it_picks_float16():
+    """nanoGPT's train.py: the same lookup, and a scaler enabled for float16."""
+    text = LLMC.replace(
+        "optimizer = torch",
+        "scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))\noptimizer = torch",
+    )
+    text = text.replace("loss.backward()", "scaler.scale(loss).backward()")
+    assert found(text.replace("optimizer.step()", "scaler.step(optimizer)")) == []
+
+
+@pytest.mark.parametrize(
+    ("dtype", "flagged"),
+    [
+        ("torch.float16 if args.fp16 else torch.bfloat16", True),
+        ("torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.half", True),
+        ("{'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]", False),
+        ("torch.bfloat16 if args.bf16 else torch.float32", False),
+    ],
+)
+def test_a_dtype_chosen_by_a_conditional_is_flagged_when_float16_is_a_choice(dtype, flagged):
+    text = LLMC.replace(
+        "{'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]",
+        dtype,
+    )
+    assert found(text) == ([6] if flagged else [])
+
+
+def test_an_unknown_dtype_variable_is_still_not_guessed():
+    text = LLMC.replace("ptdtype = {", "unused = {")
+    assert found(text) == []
+
+
+# timm's train.py builds its autocast as a factory and enters it with `with amp_autocast():`.
+PARTIAL = """\
+import torch
+from functools import partial
+
+
+def train_one_epoch(model, loader, optimizer, amp_autocast):
+    for x, y in loader:
+        with amp_autocast():
+            loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+
+
+def main(args):
+    amp_autocast = partial(torch.autocast, device_type="cuda", dtype=torch.float16)
+    train_one_epoch(model, loader, optimizer, amp_autocast)
+    with amp_autocast():
+        loss = model(x, y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_partial_of_autocast_is_judged_where_it_is_entered():
+    """Once, on the factory; entered first in the loop it is handed to (same name)."""
+    assert found(PARTIAL) == [14]
+    (finding,) = [f for f in lint_text(PARTIAL).findings if f.id == ID]
+    assert "`loss.backward()` (from line 9)" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("factory", "flagged"),
+    [
+        ('partial(torch.autocast, device_type="cuda")', True),  # CUDA's default: float16
+        ('partial(torch.autocast, "cuda", torch.half)', True),
+        ('partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)', False),
+        ('partial(torch.autocast, device_type="cuda", dtype=torch.float16, enabled=False)', False),
+        ('partial(torch.autocast, device_type="cpu")', False),
+        ("partial(print, dtype=torch.float16)", False),
+    ],
+)
+def test_a_partial_of_autocast_in_any_spelling(factory, flagged):
+    text = PARTIAL.replace(
+        'partial(torch.autocast, device_type="cuda", dtype=torch.float16)', factory
+    )
+    assert found(text) == ([14] if flagged else [])
+
+
+def test_timms_factory_with_its_scaler_for_float16_is_not_flagged():
+    choice = "    amp_dtype = torch.bfloat16 if args.amp_dtype == 'bfloat16' else torch.float16\n"
+    scaler = "    loss_scaler = NativeScaler() if amp_dtype == torch.float16 else None\n"
+    text = PARTIAL.replace(
+        "    amp_autocast = partial(", f"{choice}{scaler}    amp_autocast = partial("
+    )
+    text = text.replace("dtype=torch.float16)", "dtype=amp_dtype)")
+    timm = text.replace("from functools", "from timm.utils import NativeScaler\nfrom functools")
+    assert found(timm) == []
+    assert found(text.replace(scaler, "")) == [15]

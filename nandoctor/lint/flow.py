@@ -7,6 +7,7 @@ that is read, the tags of the value last assigned to it in that function:
     p = probs.gather(1, y[:, None])        p:     {SOFTMAX}   (views and gathers keep it)
     loss = -torch.log(p + 1e-8).mean()     the check sees SOFTMAX_EPS inside the log
     probs = torch.sigmoid(z)               probs: {}          (rebinding forgets)
+    ptdtype = {"fp16": torch.float16, ...}[dtype]   ptdtype: {FLOAT16}   (one of its choices)
 
 It is deliberately simple: branches are read in source order, the last assignment wins,
 and unknown calls return nothing, so a tag is only ever present when the code says so.
@@ -117,13 +118,24 @@ class Flow:
 
 
 def _name(flow: Flow, node: ast.Name) -> Tags:
+    if flow.src.qualname(node) in p.FLOAT16:  # `from torch import float16 as f16`
+        return frozenset({Tag(Kind.FLOAT16, node)})
     return flow._at.get(node, NONE)
 
 
 def _attribute(flow: Flow, node: ast.Attribute) -> Tags:
-    if flow.src.qualname(node) in INF_NAMES:
+    name = flow.src.qualname(node)
+    if name in INF_NAMES:
         return frozenset({Tag(Kind.CONST, node, math.inf)})
+    if name in p.FLOAT16:
+        return frozenset({Tag(Kind.FLOAT16, node)})
     return flow.attr_tags(node)
+
+
+def _dict(flow: Flow, node: ast.Dict) -> Tags:
+    """`{"float32": torch.float32, "float16": torch.float16}`: a lookup in it (`[dtype]`,
+    kept by the subscript rule) may give float16, as nanoGPT's `ptdtype` does."""
+    return keep((t for v in node.values for t in flow.tags(v)), {Kind.FLOAT16})
 
 
 def _constant(flow: Flow, node: ast.Constant) -> Tags:
@@ -341,6 +353,7 @@ def is_neg_inf(flow: Flow, expr: ast.AST | None) -> bool:
 _RULES: dict[type, Callable[[Flow, Any], Tags]] = {
     ast.Name: _name,
     ast.Attribute: _attribute,
+    ast.Dict: _dict,
     ast.Constant: _constant,
     ast.UnaryOp: _unary,
     ast.Subscript: _subscript,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from nandoctor.lint import patterns
 from nandoctor.lint.scaler import scaler_uses
 from nandoctor.lint.source import Source
+from nandoctor.lint.tags import Kind
 
 HALF_TENSOR_TYPES = frozenset({"torch.HalfTensor", "torch.cuda.HalfTensor"})
 MODEL_NAMES = re.compile(
@@ -121,24 +122,50 @@ def _default_float16_autocast(src: Source, call: ast.Call) -> bool:
 DEFAULT_FLOAT16_DEVICES = frozenset({"cuda", "mps"})
 
 
+def autocast_call(src: Source, call: ast.Call) -> ast.Call | None:
+    """The autocast that `call` builds: `call` itself, or for timm's
+    `partial(torch.autocast, device_type=..., dtype=...)` the call the partial stands for
+    (its arguments, entered later by `with amp_autocast():`). None for anything else."""
+    if src.qualname(call.func) in patterns.AUTOCAST:
+        return call
+    if src.qualname(call.func) != "functools.partial" or not call.args:
+        return None
+    if src.qualname(call.args[0]) not in patterns.AUTOCAST:
+        return None
+    bound = ast.Call(func=call.args[0], args=call.args[1:], keywords=call.keywords)
+    return ast.copy_location(bound, call)
+
+
 def float16_autocast(src: Source, call: ast.Call) -> bool:
     """`call` enters autocast to float16: `dtype=torch.float16` (or `torch.half`, through any
     alias), or no dtype where the device's default is float16 (`torch.cuda.amp.autocast()`,
-    `torch.autocast("cuda")`, a device held in a variable). Not `enabled=False`, not the
-    CPU's autocast (bfloat16 by default), not a dtype the code does not name here."""
+    `torch.autocast("cuda")`, a device held in a variable), or a dtype the data flow says
+    may be float16 (`float16_chosen`). Not `enabled=False`, not the CPU's autocast (bfloat16
+    by default), not a dtype whose value the file does not show."""
     name = src.qualname(call.func)
     if name not in patterns.AUTOCAST or _disabled(call, name):
         return False
     with_device = name in ("torch.autocast", "torch.amp.autocast")
     dtype = patterns.arg(call, 1, "dtype")
     if dtype is not None:
-        return _is_half(src, [dtype])
+        return _is_half(src, [dtype]) or float16_chosen(src, call) is not None
     if not with_device:
         return name == "torch.cuda.amp.autocast"
     device = patterns.arg(call, 0, "device_type")
     if isinstance(device, ast.Constant):
         return str(device.value).split(":")[0] in DEFAULT_FLOAT16_DEVICES
     return True  # NB: `device_type=device.type` is "cuda" on the GPU the run is for
+
+
+def float16_chosen(src: Source, call: ast.Call) -> ast.expr | None:
+    """The autocast's dtype when it is not float16 by name but a value that can be:
+    nanoGPT's and llm.c's `ptdtype = {'float32': ..., 'bfloat16': ..., 'float16':
+    torch.float16}[dtype]`, `torch.float16 if args.fp16 else torch.bfloat16`, a variable
+    assigned either. float16 is then one choice of a flag, so a finding says "when"."""
+    dtype = patterns.arg(call, 1, "dtype")
+    if dtype is None or _is_half(src, [dtype]):
+        return None
+    return dtype if src.flow.has(dtype, Kind.FLOAT16) else None
 
 
 def _disabled(call: ast.Call, name: str) -> bool:

@@ -22,6 +22,7 @@ class Kind(Enum):
     CLAMPED = "clamped"
     FLOAT32 = "cast to float32 by the code itself (`.float()`): float32 even under autocast"
     CONST = "numeric constant"
+    FLOAT16 = "the float16 dtype, or a choice of dtypes that includes it (a dict, an if/else)"
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,29 @@
 """fp16-without-grad-scaler: training under float16 autocast with a plain `loss.backward()`.
 
-Flagged: an autocast to float16 (`dtype=torch.float16` or `torch.half` through any alias,
-or no dtype where float16 is the default: `torch.cuda.amp.autocast()`,
+Flagged: an autocast to float16 (`dtype=torch.float16` or `torch.half` through any alias, or
+no dtype where float16 is the default: `torch.cuda.amp.autocast()`,
 `torch.autocast("cuda")`, a device held in a variable) that training code enters, in a file
 that calls `loss.backward()` (or `torch.autograd.backward(loss)`) itself and has no
 GradScaler anywhere. Training means an optimizer step follows: `opt.step()` under any name
 (`self.optimizer.step()`, `optimizers[0].step()`, `optimizer.step(closure)`), in the
 function that backpropagates under the autocast or in its call chain (a helper it calls, the
 loop that calls it, a method that loop calls, the optimizer a closure is handed to); for an
-autocast whose backward is elsewhere (a decorated `forward`), anywhere in the file.
-The finding is on the autocast call, once per region: float16 is chosen there, so both
-fixes start on that line (a bfloat16 dtype, or a scaler around the backward the message
-names), and a loop with several backwards (a GAN's two losses) gets one finding, not one
-per backward. An autocast built once and entered later (`ctx = torch.autocast(...)`,
-`ctx = nullcontext() if cpu else torch.autocast(...)`) is judged where a `with ctx:`
-enters it. A GradScaler built with a literal `enabled=False` is no scaler: when every one
-the file builds is so, `scaler.scale(loss).backward()` is a plain backward and
-`scaler.step(opt)` a plain step, and the message asks to enable it.
+autocast whose backward is elsewhere (a decorated `forward`), anywhere in the file. The
+finding is on the autocast call, once per region: float16 is chosen there, so both fixes
+start on that line (a bfloat16 dtype, or a scaler around the backward the message names),
+and a loop with several backwards (a GAN's two losses) gets one finding, not one per
+backward. An autocast built once and entered later (`ctx = torch.autocast(...)`,
+`ctx = nullcontext() if cpu else torch.autocast(...)`) is judged where a `with ctx:` enters
+it, and a factory (timm's
+`amp_autocast = partial(torch.autocast, device_type=..., dtype=...)`) where a
+`with amp_autocast():` does. A dtype that is float16 only when a flag picks it (nanoGPT's
+and llm.c's `ptdtype = {'float32': ..., 'bfloat16': ..., 'float16': torch.float16}[dtype]`,
+`torch.float16 if args.fp16 else torch.bfloat16`, through a variable) is flagged too, with a
+message that says so: the scaler is needed on that choice, which
+`GradScaler(enabled=(dtype == 'float16'))` gives. A GradScaler built with a literal
+`enabled=False` is no scaler: when every one the file builds is so,
+`scaler.scale(loss).backward()` is a plain backward and `scaler.step(opt)` a plain step, and
+the message asks to enable it.
 
 Not flagged: a backward that no optimizer step follows (a model test that backpropagates
 under float16 to assert on `.grad`, as diffusers' and transformers' tests do, even beside
@@ -29,12 +36,14 @@ uses a GradScaler in any form (`torch.amp.GradScaler`, `torch.cuda.amp.GradScale
 the backward (`accelerator.backward(loss)`, `engine.backward(loss)`,
 `fabric.backward(loss)`, `self.manual_backward(loss)`, a LightningModule's `training_step`,
 apex's `amp.scale_loss`); a loss scaled by hand (`(loss * loss_scale).backward()`,
-`(loss * 1024).backward()`, `scaled_loss.backward()`: the code says it scales, so it is trusted to
-unscale and skip too); autocast under `torch.no_grad()` or `torch.inference_mode()`, or in
-an evaluation function that never backpropagates (`evaluate`, `validate`, `predict`...); the
-CPU's autocast (bfloat16 by default) and any bfloat16 autocast; an autocast with
-`enabled=False`. A dtype held in a variable (`dtype=amp_dtype`) is not guessed. Only this
-file is read: an autocast in `model.py` and the backward in `train.py` are not connected.
+`(loss * 1024).backward()`, `scaled_loss.backward()`: the code says it scales, so it is
+trusted to unscale and skip too); autocast under `torch.no_grad()` or
+`torch.inference_mode()`, or in an evaluation function that never backpropagates
+(`evaluate`, `validate`, `predict`...); the CPU's autocast (bfloat16 by default) and any
+bfloat16 autocast; an autocast with `enabled=False`. A dtype held in a variable whose value
+the file does not show (`dtype=amp_dtype` from a config or a parameter) is not guessed. Only
+this file is read: an autocast in `model.py` and the backward in `train.py` are not
+connected.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, from_line
-from nandoctor.lint.fp16 import float16_autocast
+from nandoctor.lint.fp16 import autocast_call, float16_autocast, float16_chosen
 from nandoctor.lint.grad import call_chain, differentiated
 from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.scaler import is_scale, scaler_uses
@@ -82,6 +91,15 @@ def train_step(model, opt, x, y):
         loss = model(x, y)
     loss.backward()
     opt.step()
+""",
+    """\
+import torch
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ctx = torch.amp.autocast(device_type="cuda", dtype=ptdtype)  # float16 when dtype says so
+with ctx:
+    loss = model(x, y)
+loss.backward()
+opt.step()
 """,
 )
 
@@ -142,15 +160,17 @@ def fp16_without_grad_scaler(src: Source) -> Iterator[Hit]:
         return
     steps = [c for c in src.calls if patterns.is_optimizer_step(src, c)]
     for call in src.calls:
-        if not float16_autocast(src, call):
+        autocast = autocast_call(src, call)
+        if autocast is None or not float16_autocast(src, autocast):
             continue
         training = [
             site
-            for site in _entered_at(src, call)
+            for site in _entered_at(src, call, factory=autocast is not call)
             if _trains(src, site) and _steps_after(src, site, backwards, steps)
         ]
         if training:
-            yield Hit(call, _message(src, call, _backward_after(src, training[0], backwards)))
+            backward = _backward_after(src, training[0], backwards)
+            yield Hit(call, _message(src, autocast, backward))
 
 
 def _plain_backward(src: Source, call: ast.Call) -> bool:
@@ -263,9 +283,10 @@ def _lightning(src: Source) -> bool:
     return any(m.startswith(("lightning", "pytorch_lightning")) for m in modules)
 
 
-def _entered_at(src: Source, call: ast.Call) -> list[ast.AST]:
+def _entered_at(src: Source, call: ast.Call, factory: bool = False) -> list[ast.AST]:
     """Where the autocast is entered: the call itself, and for `ctx = torch.autocast(...)`
-    every `with ctx:` of the file."""
+    every `with ctx:` of the file; for a `factory` (`amp_ctx = partial(torch.autocast,
+    ...)`) every `with amp_ctx():`."""
     parent = src.parents.get(call, (None, ""))[0]
     while isinstance(parent, ast.IfExp):  # `ctx = nullcontext() if cpu else torch.autocast(...)`
         parent = src.parents.get(parent, (None, ""))[0]
@@ -276,9 +297,16 @@ def _entered_at(src: Source, call: ast.Call) -> list[ast.AST]:
         item.context_expr
         for node in src.nodes_of(ast.With, ast.AsyncWith)
         for item in node.items  # type: ignore[attr-defined]
-        if ast.unparse(item.context_expr) == target
+        if _enters(item.context_expr, target, factory)
     ]
     return withs or [call]
+
+
+def _enters(context: ast.expr, target: str, factory: bool) -> bool:
+    """`with ctx:` enters `ctx`; `with amp_ctx():` (any arguments) calls a factory first."""
+    if factory:
+        return isinstance(context, ast.Call) and ast.unparse(context.func) == target
+    return ast.unparse(context) == target
 
 
 def _trains(src: Source, site: ast.AST) -> bool:
@@ -333,6 +361,9 @@ def _backward_after(src: Source, site: ast.AST, backwards: list[ast.Call]) -> as
 def _message(src: Source, autocast: ast.Call, backward: ast.Call) -> str:
     default = patterns.keyword_arg(autocast, "dtype") is None and len(autocast.args) < 2
     what = "autocast (float16, CUDA's default)" if default else "float16 autocast"
+    chosen = float16_chosen(src, autocast)
+    if chosen is not None:
+        what = f"autocast to `{src.segment(chosen)}` (whenever it picks float16)"
     call = src.segment(backward)
     where = "" if backward.lineno == autocast.lineno else from_line(backward.lineno)
     return (
