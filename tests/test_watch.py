@@ -366,3 +366,76 @@ def test_a_step_the_script_raised_in_without_a_nan_is_not_a_step_run(tmp_path):
     assert report["steps_completed"] == 3 and report["summary"] == "all 3 steps stayed finite"
     assert report["telemetry"]["step"] == [0, 1, 2]
     assert all(g > 0 for g in report["telemetry"]["grad_norm"])
+
+
+CLOSURE_LOOP = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+bad, lr = int(sys.argv[1]), float(sys.argv[2])
+X, Y = torch.randn(80, 16), torch.randint(0, 4, (80,))
+net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(net.parameters(), lr=lr)
+for i in range(10):
+    x, y = X[i * 8 : (i + 1) * 8], Y[i * 8 : (i + 1) * 8]
+    def closure():
+        opt.zero_grad()
+        p = torch.softmax(net(x), -1) * (0 if i == bad else 1)
+        loss = -(torch.log(p).gather(1, y[:, None])).mean()  # marker:closure-log
+        loss.backward()
+        return loss
+    opt.step(closure)  # the step opens at the optimizer, before the forward
+"""
+
+
+def test_a_closure_loops_step_0_is_traced_and_its_update_measured(tmp_path):
+    """`optimizer.step(closure)` (Lightning's automatic optimization) opens the step at
+    the optimizer, before the model is known: the replay of step 0 found nothing ('the
+    failure is nondeterministic or transient') and an update at step 0 that broke the
+    weights went unmeasured (no cause). Both start at the model's first forward now."""
+    (tmp_path / "train.py").write_text(CLOSURE_LOOP)
+    lines = CLOSURE_LOOP.splitlines()
+    line = 1 + next(i for i, text in enumerate(lines) if "marker:closure-log" in text)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"), "0", "0.1")
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (0, "loss")
+    assert (first["op"], first["reproduced"]) == ("aten.log.default", True)
+    assert first["source"].endswith(f"train.py:{line}") and report["notes"] == []
+    assert report["causes"][0]["id"] == "log-of-zero"
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"), "-1", "1e37")
+    assert code == 1 and report["first_nonfinite"]["step"] == 1
+    assert report["evidence"]["update"]["step"] == 0
+    assert "learning-rate-too-high" in [c["id"] for c in report["causes"]]
+
+
+def test_a_lightning_run_failing_at_its_first_step_is_localised(tmp_path):
+    """Lightning steps its optimizer with a closure: the same, under a real Trainer."""
+    pytest.importorskip("lightning")
+    (tmp_path / "train.py").write_text(LIGHTNING_LOG0)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (0, "loss")
+    assert (first["op"], first["reproduced"]) == ("aten.log.default", True)
+    assert report["causes"][0]["id"] == "log-of-zero"
+
+
+LIGHTNING_LOG0 = """
+import torch, torch.nn as nn
+import lightning as L
+L.seed_everything(0, verbose=False)
+X, Y = torch.randn(80, 16), torch.randint(0, 4, (80,))
+class M(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    def training_step(self, batch, i):
+        x, y = batch
+        p = torch.softmax(self.net(x), -1) * (0 if i == 0 else 1)
+        return -(torch.log(p).gather(1, y[:, None])).mean()
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=8)
+trainer = L.Trainer(accelerator="cpu", max_steps=5, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(M(), data)
+"""

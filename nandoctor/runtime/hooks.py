@@ -100,11 +100,15 @@ class StepHooks:
         start_step: int = 0,
         on_step_start: StepCallback | None = None,
         on_step_end: StepCallback | None = None,
+        on_model: Callable[[], None] | None = None,
     ) -> None:
         self.run, self.probe, self.explicit = run, probe, explicit
         self.step = start_step
         self.ctx: StepContext | None = None
         self.on_step_start, self.on_step_end = on_step_start, on_step_end
+        # NB: told when the model's first forward makes it known: in a step that opened
+        # before it (`optimizer.step(closure)`), after on_step_start
+        self.on_model = on_model
         self._model_ids = {id(m) for m in model.modules()} if model is not None else None
         # NB: the given model's name, until a step trained without calling it (said once)
         self._given = type(model).__name__ if model is not None else None
@@ -206,7 +210,10 @@ class StepHooks:
             return
         if not self._is_model(module):
             return
+        known = self.run.model is not None
         self.run.note_model(module)  # NB: before the step opens, so its probes know the model
+        if not known and self.on_model is not None:
+            self.on_model()
         ctx = self._current()
         if ctx is None:
             return

@@ -67,7 +67,11 @@ class Watched:
         self.result = RunResult("healthy", self.run.start_step, 0)
         self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
         self.hooks = StepHooks(
-            self.run, self.sentinel, on_step_start=self._step_started, on_step_end=self._step_ended
+            self.run,
+            self.sentinel,
+            on_step_start=self._step_started,
+            on_step_end=self._step_ended,
+            on_model=self._model_known,
         )
         self.hooks.__enter__()
         self.tracer: Tracer | None = None
@@ -91,6 +95,22 @@ class Watched:
             if self.tracer is None:
                 self._arm()  # step 0: the model became known only now
             self.note = set_loss_scale(self.run, self.settings.loss_scale)
+
+    def _model_known(self) -> None:
+        """The model's first forward, in a step that opened before it: a loop that calls
+        `optimizer.step(closure)` (Lightning's, by default) opens its step at the
+        optimizer, and the forward runs in the closure. What `_step_started` could not do
+        without the model (measure the weights before the update, arm the tracer) starts
+        now, before the forward runs."""
+        n, ctx = self.settings.trace_step, self.hooks.ctx
+        if n is None or ctx is None:
+            return
+        if n - UPDATE_WINDOW <= ctx.step < n:
+            self._update_tracker().before()
+        if ctx.step == n and self.tracer is None:
+            self._arm()
+            if self.tracer is not None:
+                self.tracer.step_started(ctx)
 
     def _step_ended(self, ctx: StepContext) -> None:
         n = self.settings.trace_step
