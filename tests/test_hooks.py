@@ -274,3 +274,34 @@ def test_on_gpt2_called_by_keyword_the_light_hooks_announce_what_the_global_ones
     gpt2_loop(5, full)
     assert light.seen == full.seen
     assert (4, "input", ("attention_mask", "input_ids", "labels")) in light.seen
+
+
+class ForwardUnderAutocast(Net):
+    """accelerate's and transformers' Trainer's way: `model.forward` wrapped in autocast,
+    entered after the model's own hooks have run."""
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return super().forward(x, scale).float()
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype"),
+    [(Net, torch.float32), (ForwardUnderAutocast, torch.bfloat16)],
+)
+def test_the_runs_dtype_is_the_autocast_its_models_forward_enters(model, dtype):
+    """The model's first call sees no autocast when its forward enters one itself: the
+    modules inside it do, and their dtype is the run's (it read float32)."""
+    run = HookedRun()
+    net = model()
+    with StepHooks(run, Probe()):
+        loss = net(torch.randn(4, 6)).sum()
+        loss.backward()
+    assert run.dtype == dtype
+
+
+def test_an_autocast_the_loop_enters_is_the_runs_dtype_at_the_models_call():
+    run = HookedRun()
+    with StepHooks(run, Probe()), torch.autocast("cpu", dtype=torch.bfloat16):
+        Net()(torch.randn(4, 6)).float().sum().backward()
+    assert run.dtype == torch.bfloat16 and not run.dtype_from_weights

@@ -439,3 +439,32 @@ trainer = L.Trainer(accelerator="cpu", max_steps=5, logger=False, enable_checkpo
                     enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(M(), data)
 """
+
+
+ACCELERATE_BF16 = """
+import torch, torch.nn as nn
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+set_seed(0)
+accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+X, Y = torch.randn(48, 16), torch.randint(0, 4, (48,))
+X[5 * 8 + 3, 2] = float("nan")  # in batch 5
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=8)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model, opt, data = accelerator.prepare(model, opt, data)
+for x, y in data:
+    loss = nn.functional.cross_entropy(model(x), y)
+    accelerator.backward(loss)
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_an_accelerate_run_in_bfloat16_is_reported_in_bfloat16(tmp_path):
+    """accelerate enters autocast inside the model's forward: the run computes in
+    bfloat16, and the report says so (it said float32)."""
+    pytest.importorskip("accelerate")
+    (tmp_path / "train.py").write_text(ACCELERATE_BF16)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"), options=("--no-replay",))
+    assert code == 1 and report["first_nonfinite"]["step"] == 5
+    assert report["environment"]["dtype"] == "bfloat16"

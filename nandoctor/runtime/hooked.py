@@ -32,6 +32,9 @@ class HookedRun:
     scheduler: Any | None = None  # only when given (Guard): no hook reveals one
     device: torch.device | None = None
     dtype: torch.dtype | None = None  # the autocast dtype at the model's first forward
+    # NB: no autocast was on at that call: the dtype is the weights' until an autocast
+    # entered inside the forward says otherwise (`note_inner_autocast`)
+    dtype_from_weights: bool = False
     clip_grad_norm: float | None = None  # the max_norm of the last clip_grad_norm_ call
     start_step: int = 0  # the number of the first step (a resumed loop's Guard says it)
     _params: list[nn.Parameter] = field(default_factory=list, repr=False)
@@ -73,9 +76,20 @@ class HookedRun:
         first = next(iter(self.model.parameters()), None)
         if self.device is None:
             self.device = first.device if first is not None else torch.device("cpu")
-        self.dtype = autocast_dtype(self.device) or (
-            first.dtype if first is not None else torch.float32
-        )
+        autocast = autocast_dtype(self.device)
+        self.dtype_from_weights = autocast is None
+        self.dtype = autocast or (first.dtype if first is not None else torch.float32)
+
+    def note_inner_autocast(self) -> bool:
+        """A module inside the model's first forward, while the dtype is the weights': an
+        autocast on now was entered inside the model's forward (accelerate and transformers'
+        Trainer wrap `model.forward` in one, after the model's own hooks ran), and it is the
+        dtype the run computes in. True once the dtype is settled."""
+        dtype = autocast_dtype(self.device or torch.device("cpu"))
+        if dtype is None:
+            return False
+        self.dtype, self.dtype_from_weights = dtype, False
+        return True
 
     def note_optimizer(self, optimizer: torch.optim.Optimizer, stepping: bool = False) -> None:
         """A known optimizer; `stepping`: it is stepping now (the first such is the clock).

@@ -122,6 +122,9 @@ class StepHooks:
         self._depth = 0  # module calls under way
         self._root = False  # a call of the model is under way
         self._root_at = 0  # the module depth of that call
+        # NB: the model's first call under way, without autocast: its modules look for one
+        # entered inside its forward (`HookedRun.note_inner_autocast`)
+        self._sniff = False
         self._backward = 0  # backward calls under way
         self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
         self._worked = False  # this step has run a forward or a backward
@@ -206,11 +209,13 @@ class StepHooks:
         depth, self._depth = self._depth, self._depth + 1
         # NB: the model's first call, not the outermost module's: a wrapper the caller did
         # not name (`nn.DataParallel(model)`, a module holding it) only passes it the batch
-        if self._root or self._backward or not torch.is_grad_enabled():
+        if self._root:
+            if self._sniff:
+                self._sniff = not self.run.note_inner_autocast()
             return
-        if not self._is_model(module):
+        if self._backward or not torch.is_grad_enabled() or not self._is_model(module):
             return
-        known = self.run.model is not None
+        known, undecided = self.run.model is not None, self.run.dtype is None
         self.run.note_model(module)  # NB: before the step opens, so its probes know the model
         if not known and self.on_model is not None:
             self.on_model()
@@ -218,6 +223,7 @@ class StepHooks:
         if ctx is None:
             return
         self._root, self._root_at, self._worked = True, depth, True
+        self._sniff = undecided and self.run.dtype_from_weights
         self._step_regular = module is self.run.model and self._step_regular is not False
         if self.explicit:  # the caller named the batch
             self._forward_started(ctx)
@@ -267,7 +273,7 @@ class StepHooks:
             self._late = False
             if kwargs and ctx.phase is Phase.FORWARD:
                 self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
-        self._root, self._late, self._early = False, False, None
+        self._root, self._late, self._early, self._sniff = False, False, None, False
         if ctx.phase is Phase.FORWARD:
             ctx.output = output
             self.probe.phase_ended(ctx, Phase.FORWARD)
