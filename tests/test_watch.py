@@ -468,3 +468,16 @@ def test_an_accelerate_run_in_bfloat16_is_reported_in_bfloat16(tmp_path):
     code, report = watch(tmp_path, PY, str(tmp_path / "train.py"), options=("--no-replay",))
     assert code == 1 and report["first_nonfinite"]["step"] == 5
     assert report["environment"]["dtype"] == "bfloat16"
+
+
+def test_the_command_starts_before_nandoctor_imports_torch():
+    """What runs the command is free of torch: the command starts at once, and what reads
+    its results (torch among it, ~2 s) is imported while it runs (it cost ~2.5 s before)."""
+    import subprocess
+
+    code = (
+        "import sys, nandoctor.cli.watch, nandoctor.watch.process; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -47,10 +47,10 @@ def watch(
 ) -> Outcome:
     """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
     own exit code."""
-    # NB: imported here, so that --help stays free of torch
-    from nandoctor.render import tensorboard
-    from nandoctor.render.terminal import render_report
-    from nandoctor.watch import runner
+    import tempfile
+
+    from nandoctor.watch import process  # NB: free of torch, as --help must stay
+    from nandoctor.watch.protocol import Settings
 
     if not command:
         raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
@@ -70,15 +70,29 @@ def watch(
                 "up to it to replay it under the tracer[/]"
             )
 
-    opts = runner.WatchOptions(
-        keep_going=keep_going,
-        replay=replay,
-        replay_budget=replay_budget,
-        stdout_to_stderr=options.report_console_to_stderr(*outputs.values()),
-    )
-    watched = runner.watch(list(command), opts, on_replay=on_replay)
+    to_stderr = options.report_console_to_stderr(*outputs.values())
+    with tempfile.TemporaryDirectory(prefix="nandoctor-watch-") as folder:
+        # NB: the command starts at once; what reads its results (torch among it) is
+        # imported beside it, not before it
+        with process.importing(*_REPORT_MODULES):
+            settings = Settings(folder, keep_going=keep_going)
+            code = process.run_command(list(command), settings, stdout_to_stderr=to_stderr)
+        from nandoctor.render import tensorboard
+        from nandoctor.render.terminal import render_report
+        from nandoctor.watch import runner
+
+        opts = runner.WatchOptions(replay, replay_budget, stdout_to_stderr=to_stderr)
+        watched = runner.watched(list(command), folder, code, opts, on_replay=on_replay)
     render_report(console, watched.report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:
         tensorboard.write_report(watched.report, tensorboard_dir)
     write_reports(watched.report, outputs)
     return of_watch(watched.report, watched.command_code, fail_on_divergence)
+
+
+# NB: what `watch` needs once the command has run, imported while it runs
+_REPORT_MODULES = (
+    "nandoctor.watch.runner",
+    "nandoctor.render.terminal",
+    "nandoctor.render.tensorboard",
+)

@@ -15,34 +15,24 @@ to be deterministic (seeded); when it is not, the report says so.
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from nandoctor.diagnose.assemble import INTERRUPTED_CODE, Findings, assemble
+from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.summary import REPLAY_INTERRUPTED
-from nandoctor.errors import UsageError
 from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.record import RunResult
 from nandoctor.watch import results
-from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, ENV, Settings
+from nandoctor.watch.process import INTERRUPTED_CODE, TIMED_OUT_CODE, run_command
+from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, Settings
 
-BOOT_DIR = Path(__file__).resolve().parent / "boot"
-GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
-POLL_S = 0.5  # how often a running command's folder is looked at
-TIMED_OUT_CODE = 124  # a command stopped for taking too long (as `timeout(1)` exits)
 # A rerun that takes longer than RERUN_MIN_S, and than 3x the first run's time to fail
 # plus RERUN_SLACK_S, is stopped (it would wait for a shared resource, or never end)
 RERUN_MIN_S = 60.0
@@ -51,7 +41,6 @@ RERUN_SLACK_S = 30.0
 
 @dataclass(frozen=True)
 class WatchOptions:
-    keep_going: bool = False  # --continue
     replay: bool = True
     replay_budget: float = DEFAULT_REPLAY_BUDGET
     stdout_to_stderr: bool = False  # the report goes to stdout (`--json -`): keep it clean
@@ -66,15 +55,17 @@ class Watched:
     command_code: int  # the command's exit code (128+N for signal N, 130 when interrupted)
 
 
-def watch(
+def watched(
     command: list[str],
+    folder: str,
+    code: int,
     options: WatchOptions = WatchOptions(),
     on_replay: Callable[[int], None] | None = None,
 ) -> Watched:
-    with tempfile.TemporaryDirectory(prefix="nandoctor-watch-") as folder:
-        settings = Settings(folder, keep_going=options.keep_going)
-        code = run_command(command, settings, stdout_to_stderr=options.stdout_to_stderr)
-        runs, attached = results.load_runs(folder), results.attached(folder)
+    """What the command's processes saw, run watched in `folder` until it exited with
+    `code` (`process.run_command`), with its failure replayed. NB: the first run is the
+    caller's, so that the command starts before this module (and torch) is imported."""
+    runs, attached = results.load_runs(folder), results.attached(folder)
     first = runs[0] if runs else None
     failure = first.result.failure if first is not None else None
     located: Localization | None = None
@@ -89,84 +80,6 @@ def watch(
             interrupted = REPLAY_INTERRUPTED
     report = _report(command, first, code, located, notes, attached, interrupted)
     return Watched(report, INTERRUPTED_CODE if interrupted else code)
-
-
-def run_command(
-    command: list[str],
-    settings: Settings,
-    log: Path | None = None,
-    timeout: float | None = None,
-    stdout_to_stderr: bool = False,
-    interrupt_raises: bool = False,
-) -> int:
-    """Run `command` watched; its exit code (128+N for signal N, 130 when interrupted,
-    `TIMED_OUT_CODE` when stopped after `timeout` seconds).
-    `interrupt_raises`: a Ctrl-C (or SIGTERM) stops the command, then raises
-    KeyboardInterrupt (a rerun's end is not the command's)."""
-    env = dict(os.environ)
-    env[ENV] = settings.to_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOT_DIR), env.get("PYTHONPATH")) if p)
-    out = open(log, "wb") if log is not None else None  # noqa: SIM115  (closed below)
-    try:
-        stdout: Any = out if out is not None else (sys.stderr if stdout_to_stderr else None)
-        proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=out)
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
-        raise UsageError(f"watch: cannot run {command[0]!r}: {e.strerror or e}") from None
-    finally:
-        if out is not None:
-            out.close()
-    return _wait(proc, timeout, settings.dir, interrupt_raises)
-
-
-def _wait(
-    proc: subprocess.Popen, timeout: float | None, folder: str, interrupt_raises: bool = False
-) -> int:
-    """The command's exit code. A process of the command that the sentinel stopped (a
-    worker of a `multiprocessing.Pool`, whose pool would wait for it forever) gives the
-    command `GRACE_S` to end by itself; then it is stopped."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    stopped_since: float | None = None
-    try:
-        while True:
-            try:
-                code = proc.wait(POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                now = time.monotonic()
-                if deadline is not None and now > deadline:
-                    raise
-                if stopped_since is None and any(Path(folder).glob("stopped-*")):
-                    stopped_since = now
-                if stopped_since is not None and now - stopped_since > GRACE_S:
-                    _stop(proc)
-                    code = proc.wait()
-                    break
-    except (KeyboardInterrupt, subprocess.TimeoutExpired) as e:  # Ctrl-C, SIGTERM, too long
-        _stop(proc)
-        if isinstance(e, subprocess.TimeoutExpired):
-            return TIMED_OUT_CODE
-        if interrupt_raises:
-            raise
-        return INTERRUPTED_CODE
-    return 128 - code if code < 0 else code
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the command the gentle way first: a Ctrl-C from the terminal reached it already;
-    a SIGTERM sent to us did not, so it gets a SIGINT (Python then still writes what it saw),
-    then SIGTERM, then SIGKILL."""
-    steps = (
-        (1.0, lambda: proc.send_signal(signal.SIGINT)),
-        (GRACE_S, proc.terminate),
-        (GRACE_S, proc.kill),
-    )
-    for wait_s, then in steps:
-        try:
-            proc.wait(wait_s)
-            return
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            then()
-    proc.wait()
 
 
 def _maybe_replay(
