@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from nandoctor.render.markdown import render_markdown
 from nandoctor.report.types import Cause
 from tests.test_render_terminal import failing_report, with_library_frames_and_transients
@@ -63,3 +65,11 @@ def test_markdown_shows_the_library_lines_and_the_healed_values(tmp_path):
     assert "**Healed on the way** (seen, not the cause):" in text
     assert "- `aten.log.default in enc.0 at train.py:3 (forward, -inf)`" in text
     assert "None" not in text
+
+
+def test_a_non_finite_batch_is_in_no_module(tmp_path):
+    report = failing_report(tmp_path)
+    assert "(outside the model)" in render_markdown(report)  # the loss phase's
+    report.first_nonfinite = dataclasses.replace(report.first_nonfinite, phase="input")
+    text = render_markdown(report)
+    assert "(none: the batch)" in text and "outside the model" not in text

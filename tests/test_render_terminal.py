@@ -92,13 +92,18 @@ def test_failure_panel_shows_where_and_why(tmp_path):
 
 def test_a_module_outside_the_model_is_named_by_the_phase_it_ran_in(tmp_path):
     """No module path: in the loss phase, the loss or the loop; in the forward phase,
-    another module the step called (a GAN's second model under `watch`), never the loss."""
+    another module the step called (a GAN's second model under `watch`), never the loss;
+    in the input phase, none: the batch."""
     report = failing_report(tmp_path)
     assert "(outside the model: in the loss or the training loop)" in render(report)
     report.first_nonfinite = dataclasses.replace(report.first_nonfinite, phase="forward")
     text = render(report)
     assert "(outside the model: in another module the step called)" in text
     assert "in the loss or the training loop" not in text
+    report.first_nonfinite = dataclasses.replace(report.first_nonfinite, phase="input")
+    text = render(report)  # the batch itself: no module made it (it read "in the loss")
+    assert "(none: the batch the model was called with)" in text
+    assert "outside the model" not in text
 
 
 def test_healthy_panel(tmp_path):

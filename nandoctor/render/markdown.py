@@ -97,6 +97,12 @@ def _environment(report: Report) -> list[str]:
     ]
 
 
+def _module(module: str | None, phase: str) -> str:
+    if module is not None:
+        return module or "(root)"
+    return "(none: the batch)" if phase == "input" else "(outside the model)"
+
+
 def _where(report: Report) -> list[str]:
     first = report.first_nonfinite
     if first is None:
@@ -104,7 +110,7 @@ def _where(report: Report) -> list[str]:
     rows = [
         ("step", str(first.step)),
         ("phase", first.phase),
-        ("module", "(outside the model)" if first.module is None else (first.module or "(root)")),
+        ("module", _module(first.module, first.phase)),
         ("op", first.op),
         ("tensor", first.tensor),
         ("value", f"{first.count_nonfinite} × {first.value}" if first.value else None),

@@ -95,6 +95,8 @@ def module_tree(
     if path is None:  # NB: a forward outside the model is another root module's (a GAN's D)
         if phase == "forward":
             return "(outside the model: in another module the step called)"
+        if phase == "input":  # NB: the batch, as it reached the model
+            return "(none: the batch the model was called with)"
         return "(outside the model: in the loss or the training loop)"
     types = {m.module: m.type for m in evidence.modules} if evidence else {}
     tree = Tree(escape(f"(root) {types.get('', '')}".rstrip()))
