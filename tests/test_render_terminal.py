@@ -205,3 +205,10 @@ def test_the_run_line_says_when_the_cpu_follows_cudas_autocast_lists(project):
 
     assert "float16 autocast (CUDA's lists)" in run_line("cuda")
     assert "float16 autocast ·" in run_line("native")
+
+
+def test_nan_and_inf_together_are_said_so_not_mixed(tmp_path):
+    report = failing_report(tmp_path)
+    report.first_nonfinite = dataclasses.replace(report.first_nonfinite, value="mixed")
+    text = render(report)
+    assert "3 × NaN and inf in float16" in text and "mixed" not in text

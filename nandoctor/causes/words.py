@@ -39,6 +39,12 @@ def plural(n: int | None, word: str, many: str | None = None) -> str:
 _VALUES = {"nan": "NaN", "inf": "inf", "-inf": "-inf", "mixed": "non-finite"}
 
 
+def value_word(value: str | None) -> str | None:
+    """The report's `value` as a reader says it: "mixed" (NaN and inf together) is "NaN
+    and inf", the others as they are."""
+    return "NaN and inf" if value == "mixed" else value
+
+
 def values(n: int | None, value: str | None) -> str:
     """What a tensor held, in the words of the report's `value` field: "1 NaN value",
     "192 non-finite values", or "non-finite values" when the replay did not count them."""

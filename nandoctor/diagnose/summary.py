@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from nandoctor.causes.words import plural, values
+from nandoctor.causes.words import plural, value_word, values
 from nandoctor.errors import changed_torch_globals
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
@@ -110,7 +110,8 @@ def _origin_sentence(found: Finding) -> str:
         parts.append(f"in {found.module or '(root)'}")
     if found.source:
         parts.append(f"at {found.source}")
-    what = f"{found.value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
+    value = value_word(found.value)
+    what = f"{value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
     return " ".join(parts) + f" produced {what}"
 
 

@@ -13,7 +13,7 @@ Same facts as the JSON and the terminal; nothing is computed here.
 
 from __future__ import annotations
 
-from nandoctor.causes.words import plural
+from nandoctor.causes.words import plural, value_word
 from nandoctor.render.causes import snippet_pair
 from nandoctor.render.origin import library_frames, source_line, transient_text
 from nandoctor.render.sparkline import sparkline
@@ -113,7 +113,7 @@ def _where(report: Report) -> list[str]:
         ("module", _module(first.module, first.phase)),
         ("op", first.op),
         ("tensor", first.tensor),
-        ("value", f"{first.count_nonfinite} × {first.value}" if first.value else None),
+        ("value", f"{first.count_nonfinite} × {value_word(first.value)}" if first.value else None),
         ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
         ("source", first.source),
         ("via", " ← ".join(library_frames(first)) or None),

@@ -16,6 +16,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
+from nandoctor.causes.words import value_word
 from nandoctor.report.evidence import Evidence, TensorStats
 from nandoctor.report.types import FirstNonfinite, Report, Transient
 
@@ -74,11 +75,8 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
             else ""
         )
         grid.add_row("op", escape(first.op + backward))
-    count = (
-        f"{first.count_nonfinite} × {first.value}"
-        if first.count_nonfinite is not None
-        else first.value
-    )
+    value = value_word(first.value)
+    count = f"{first.count_nonfinite} × {value}" if first.count_nonfinite is not None else value
     grid.add_row("tensor", escape(f"{first.tensor}: {count} in {first.dtype} {first.shape}"))
     grid.add_row("module", module_tree(first.module, evidence, first.phase))
     if first.source:
