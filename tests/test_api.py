@@ -674,3 +674,18 @@ def test_the_with_form_on_gpt2_catches_a_nan_in_a_keyword_input_after_the_light_
     first = caught.value.report.first_nonfinite
     assert (first.step, first.phase) == (4, "input")
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_without_a_cause_the_errors_hint_says_how_to_have_the_tensor_named():
+    """The `with` form cannot replay: a NaN born in the loss has no cause to hint at, and
+    the hint points to `guard.step` (it was empty)."""
+    model, optimizer, batches, _ = tiny_loop()
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for i, (x, y) in enumerate(batches):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y) * (float("nan") if i == 2 else 1.0)
+            loss.backward()
+            optimizer.step()
+    error = caught.value
+    assert error.report.causes == [] and error.hint is not None
+    assert "pass each step to guard.step(fn, batch)" in error.hint

@@ -59,7 +59,10 @@ class NonFiniteError(NandoctorError):
 
     def __init__(self, report: Report) -> None:
         top = report.causes[0] if report.causes else None
-        hint = f"{top.id}: {top.fix}" if top is not None else None
+        # NB: without a cause (the `with` form replays nothing), the note that says how to
+        # have the tensor named
+        replay = next((note for note in report.notes if "replay" in note), None)
+        hint = f"{top.id}: {top.fix}" if top is not None else replay
         super().__init__(f"non-finite values in training: {report.summary}", hint=hint)
         self.report = report
 
