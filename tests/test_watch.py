@@ -481,3 +481,28 @@ def test_the_command_starts_before_nandoctor_imports_torch():
     )
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+ACCUMULATING = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.randn(5, 2, 8, 4)  # 5 steps of 2 micro-batches
+data[3, 1, 0, 0] = float("nan")  # step 3, micro-batch 1
+for step in data:
+    opt.zero_grad()
+    for x in step:
+        (model(x).pow(2).mean() / 2).backward()
+    opt.step()
+"""
+
+
+def test_the_micro_batch_a_nan_came_in_is_named_under_gradient_accumulation(tmp_path):
+    """Each loss begun after a backward, no optimizer step between, is the step's next
+    micro-batch (as diagnose numbers its `grad_accum_steps`); it was null under watch."""
+    (tmp_path / "train.py").write_text(ACCUMULATING)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"], first["tensor"]) == (3, "input", "input:0")
+    assert first["micro_batch"] == 1

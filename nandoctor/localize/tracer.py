@@ -155,6 +155,9 @@ class Tracer(Probe):
     def step_ended(self, ctx: StepContext) -> None:
         if self.origin is None:  # nothing reached a failure: every non-finite value healed
             self.transients = transients(self.origins.born, frozenset())
+        elif not ctx.micro_batch and self.origin.micro_batch == 0:
+            # NB: a followed loop numbers its micro-batches as they come: one was all
+            self.origin = replace(self.origin, micro_batch=None)
         self.ctx = None
 
     def _input_checked(self, ctx: StepContext) -> None:

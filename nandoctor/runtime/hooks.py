@@ -128,6 +128,7 @@ class StepHooks:
         self._backward = 0  # backward calls under way
         self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
         self._worked = False  # this step has run a forward or a backward
+        self._backwarded = False  # a backward ran since the step's last loss began
         self._clocked = False  # the clock has stepped in this step
         self._last: torch.optim.Optimizer | None = None  # the last optimizer that stepped
         # NB: the optimizer whose step ends a step (None: the clock's)
@@ -223,6 +224,8 @@ class StepHooks:
         if ctx is None:
             return
         self._root, self._root_at, self._worked = True, depth, True
+        if ctx.phase is not Phase.LOSS:  # NB: a loss begins, its batch next
+            self._next_micro_batch(ctx)
         self._sniff = undecided and self.run.dtype_from_weights
         self._step_regular = module is self.run.model and self._step_regular is not False
         if self.explicit:  # the caller named the batch
@@ -240,6 +243,14 @@ class StepHooks:
             self._late = True
             self._forward_started(ctx)
             self._hook_inputs(module)
+
+    def _next_micro_batch(self, ctx: StepContext) -> None:
+        """A loss begun after a backward, no optimizer step between them, is the next
+        micro-batch of gradient accumulation (numbered from 0; a step that had one is
+        unnumbered again when it ends: `Tracer.step_ended`)."""
+        micro = ctx.micro_batch
+        ctx.micro_batch = 0 if micro is None else micro + self._backwarded
+        self._backwarded = False
 
     def _hook_inputs(self, model: nn.Module) -> None:
         if self._inputs_of is None and not self.explicit:
@@ -301,6 +312,7 @@ class StepHooks:
             ctx.loss = loss  # this micro-batch's: the probe adds up a step's losses
             self.probe.phase_ended(ctx, Phase.LOSS)
         ctx.grad_scale = scale
+        self._backwarded = True
         ctx.phases[:] = [Phase.BACKWARD]
         self.probe.phase_started(ctx, Phase.BACKWARD)
 
@@ -363,6 +375,7 @@ class StepHooks:
             self.probe.phase_started(ctx, Phase.OPTIMIZER)
         self.probe.phase_ended(ctx, Phase.OPTIMIZER)
         ctx.phases.clear()
+        self._backwarded = False  # NB: the next loss is another model's (a GAN), not accumulation
         if self.explicit:
             return
         self._last = optimizer
@@ -396,7 +409,7 @@ class StepHooks:
         ctx = StepContext(self.run, self.step, batch)
         if self.on_step_start is not None:
             self.on_step_start(ctx)
-        self.ctx, self._worked, self._clocked = ctx, False, False
+        self.ctx, self._worked, self._clocked, self._backwarded = ctx, False, False, False
         self.probe.step_started(ctx)
         return ctx
 
