@@ -150,13 +150,18 @@ class Tracer(Probe):
         if self.origin is None:
             first = next((o for o in self.origins.born if not o.deliberate), None)
             self.origin = first.finding if first is not None else None
-        self.ctx = None
+        self._one_micro_batch(ctx)
 
     def step_ended(self, ctx: StepContext) -> None:
         if self.origin is None:  # nothing reached a failure: every non-finite value healed
             self.transients = transients(self.origins.born, frozenset())
-        elif not ctx.micro_batch and self.origin.micro_batch == 0:
-            # NB: a followed loop numbers its micro-batches as they come: one was all
+        self._one_micro_batch(ctx)
+
+    def _one_micro_batch(self, ctx: StepContext) -> None:
+        """The step is over. NB: a followed loop numbers its micro-batches as they come
+        (`StepHooks`): a step that had one is not gradient accumulation, and its origin
+        has no micro-batch."""
+        if self.origin is not None and not ctx.micro_batch and self.origin.micro_batch == 0:
             self.origin = replace(self.origin, micro_batch=None)
         self.ctx = None
 
