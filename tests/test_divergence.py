@@ -109,9 +109,13 @@ def test_a_finite_explosion_carries_a_divergence_event_and_can_fail_ci(project, 
     assert event["value"] >= MIN_RATIO * event["baseline"]
     assert f"loss diverged at step {event['step']}" in result.output
     assert ": HEALTHY\n" in result.output  # information only, by default
-    failing = runner.invoke(app, ["diagnose", str(config), "-q", "--fail-on-divergence"])
+    junit, markdown = tmp_path / "r.xml", tmp_path / "r.md"
+    reports = ("--junit", str(junit), "--markdown", str(markdown))
+    failing = runner.invoke(app, ["diagnose", str(config), "-q", "--fail-on-divergence", *reports])
     assert failing.exit_code == 1
     assert ": HEALTHY, DIVERGED\n" in failing.output  # the headline agrees with the exit code
+    assert 'failures="1"' in junit.read_text()  # and so does every report CI reads
+    assert f"❌ nandoctor diagnose: diverged at step {event['step']}" in markdown.read_text()
     panel = runner.invoke(app, ["diagnose", str(config), "--fail-on-divergence"])
     assert f"DIVERGED at step {event['step']} (every step finite)" in panel.output
     assert "HEALTHY" not in panel.output

@@ -62,3 +62,30 @@ def test_an_interrupted_comparison_skips_its_unfinished_dtype():
     skipped = by_name["bfloat16"].find("skipped")
     assert skipped is not None and skipped.get("message") == "interrupted after 7 steps"
     assert (suite.get("failures"), suite.get("skipped")) == ("1", "1")
+
+
+def divergence_at(step: int):
+    from nandoctor.report.telemetry import Event
+
+    return Event(kind="divergence", step=step, metric="loss", value=3e6, baseline=2.4)
+
+
+def test_with_fail_on_divergence_a_diverged_finite_run_fails_its_own_case(tmp_path):
+    """The exit code is 1: a JUnit report that read all-passed would contradict it."""
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "healthy", None
+    report.events = [divergence_at(40)]
+    suite, by_name = cases(render_junit(report, divergence_fails=True))
+    assert by_name["finite run"].find("failure") is None
+    assert "loss diverged at step 40" in by_name["no divergence"].find("failure").get("message")
+    assert suite.get("failures") == "1"
+    _, by_name = cases(render_junit(report))  # information only, without the flag
+    assert set(by_name) == {"finite run"}
+
+
+def test_with_fail_on_divergence_a_steady_run_passes_the_divergence_case(tmp_path):
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite, report.events = "healthy", None, []
+    suite, by_name = cases(render_junit(report, divergence_fails=True))
+    assert by_name["no divergence"].find("failure") is None
+    assert (suite.get("tests"), suite.get("failures")) == ("2", "0")

@@ -45,6 +45,18 @@ def test_healthy_markdown(tmp_path):
     assert render_markdown(report).startswith("## ✅ nandoctor diagnose: healthy")
 
 
+def test_with_fail_on_divergence_a_diverged_run_is_titled_failed(tmp_path):
+    """`--fail-on-divergence` exits 1: the job summary must not show a green tick."""
+    from tests.test_render_junit import divergence_at
+
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "healthy", None
+    report.events = [divergence_at(40), divergence_at(42)]
+    title = render_markdown(report, divergence_fails=True).splitlines()[0]
+    assert title == "## ❌ nandoctor diagnose: diverged at step 40 (every step finite)"
+    assert render_markdown(report).startswith("## ✅ nandoctor diagnose: healthy")
+
+
 def test_markdown_lists_the_health_checks(tmp_path):
     from nandoctor.report.gate import Check, Gate
 

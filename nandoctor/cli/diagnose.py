@@ -141,7 +141,7 @@ def diagnose(
     render_report(console, report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:
         tensorboard.write_report(report, tensorboard_dir)
-    write_reports(report, outputs)
+    write_reports(report, outputs, fail_on_divergence)
     return of_report(report, fail_on_divergence)
 
 
@@ -222,16 +222,19 @@ def run_with_progress(
         progress.__exit__(None, None, None)
 
 
-def write_reports(report: Report, outputs: dict[str, str | None]) -> None:
-    """Every report asked for, each written atomically."""
+def write_reports(
+    report: Report, outputs: dict[str, str | None], divergence_fails: bool = False
+) -> None:
+    """Every report asked for, each written atomically; `divergence_fails`
+    (`--fail-on-divergence`) makes Markdown and JUnit say failed where the exit code does."""
     from nandoctor.render.junit import render_junit
     from nandoctor.render.markdown import render_markdown
     from nandoctor.report.types import Report
 
     renderers: dict[str, Callable[[Report], str]] = {
         "--json": Report.to_json,
-        "--markdown": render_markdown,
-        "--junit": render_junit,
+        "--markdown": lambda r: render_markdown(r, divergence_fails),
+        "--junit": lambda r: render_junit(r, divergence_fails),
     }
     for option, path in outputs.items():
         if path:

@@ -86,7 +86,7 @@ def watch(
     render_report(console, watched.report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:
         tensorboard.write_report(watched.report, tensorboard_dir)
-    write_reports(watched.report, outputs)
+    write_reports(watched.report, outputs, fail_on_divergence)
     return of_watch(watched.report, watched.command_code, fail_on_divergence)
 
 

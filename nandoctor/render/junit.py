@@ -9,13 +9,18 @@ import xml.etree.ElementTree as ET
 
 from nandoctor.causes.words import plural
 from nandoctor.report.comparison import Comparison
+from nandoctor.report.divergence import divergence_text, divergences
 from nandoctor.report.types import Report
 
 
-def render_junit(report: Report) -> str:
+def render_junit(report: Report, divergence_fails: bool = False) -> str:
+    """`divergence_fails`: `--fail-on-divergence` was given: the divergence is a test case
+    of its own, failed by any divergence event, as the exit code is."""
     cases = [_finite_case(report)]
     if report.gate is not None:
         cases += [_case(c.name, c.message, not c.passed) for c in report.gate.checks]
+    if divergence_fails:
+        cases.append(_divergence_case(report))
     seconds = sum(report.timing.values())
     return _document(report.command, report.name or report.config, cases, seconds)
 
@@ -66,6 +71,14 @@ def _finite_case(report: Report) -> ET.Element:
         top = report.causes[0]
         message += f"; top cause {top.id} ({top.confidence:.0%}): {top.fix}"
     return _case("finite run", message, failed=True, details=report.summary)
+
+
+def _divergence_case(report: Report) -> ET.Element:
+    found = divergences(report.events)
+    if not found:
+        return _case("no divergence", "loss and gradient norm stayed near their level", False)
+    message = "; ".join(divergence_text(e) for e in found)
+    return _case("no divergence", message, failed=True, details=report.summary)
 
 
 def _case(

@@ -18,7 +18,7 @@ from nandoctor.render.causes import snippet_pair
 from nandoctor.render.origin import library_frames, source_line, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
-from nandoctor.report.divergence import divergence_text, divergences
+from nandoctor.report.divergence import divergence_text, divergences, fails_by_divergence
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Cause, Report
 
@@ -61,8 +61,10 @@ _COMPARE_ROWS = {
 }
 
 
-def render_markdown(report: Report) -> str:
-    lines = [_title(report), "", report.summary, ""]
+def render_markdown(report: Report, divergence_fails: bool = False) -> str:
+    """`divergence_fails`: `--fail-on-divergence` was given, so a finite run that diverged
+    is titled failed, as its exit code says."""
+    lines = [_title(report, divergence_fails), "", report.summary, ""]
     lines += _environment(report)
     lines += _where(report)
     first = report.first_nonfinite
@@ -75,12 +77,15 @@ def render_markdown(report: Report) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _title(report: Report) -> str:
+def _title(report: Report, divergence_fails: bool) -> str:
     icon = ICONS.get(report.status, "⚠️")
     first = report.first_nonfinite
     what = f"non-finite at step {first.step} (phase {first.phase})" if first else report.status
     if first is None and report.gate is not None and not report.gate.passed:
         icon, what = ICONS["nonfinite"], "a numeric-health check failed"
+    elif fails_by_divergence(report.status, report.events, divergence_fails):
+        step = min(e.step for e in divergences(report.events))
+        icon, what = ICONS["nonfinite"], f"diverged at step {step} (every step finite)"
     name = f" `{report.name}`" if report.name else ""
     return f"## {icon} nandoctor {report.command}{name}: {what}"
 

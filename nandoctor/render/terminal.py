@@ -35,7 +35,7 @@ from rich.table import Table
 from nandoctor.render.causes import causes_block
 from nandoctor.render.origin import origin_block, source_line
 from nandoctor.render.sparkline import column, sparkline
-from nandoctor.report.divergence import divergence_text, divergences
+from nandoctor.report.divergence import divergence_text, divergences, fails_by_divergence
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Report
 
@@ -116,8 +116,8 @@ def render_report(
             console.print(escape(line), soft_wrap=True)
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
-    if (report.gate is not None and not report.gate.passed) or _failed_divergence(
-        report, divergence_fails
+    if (report.gate is not None and not report.gate.passed) or fails_by_divergence(
+        report.status, report.events, divergence_fails
     ):
         style = "red"
     body: list = [escape(report.summary)]
@@ -144,10 +144,6 @@ def render_report(
     console.print(Panel(Group(*body), title=title, title_align="left", border_style=style))
 
 
-def _failed_divergence(report: Report, divergence_fails: bool) -> bool:
-    return divergence_fails and report.status == "healthy" and bool(divergences(report.events))
-
-
 def quiet_lines(
     report: Report, command: str | None = None, divergence_fails: bool = False
 ) -> list[str]:
@@ -156,7 +152,7 @@ def quiet_lines(
     state = report.status.upper()
     if report.gate is not None and not report.gate.passed:
         state += ", HEALTH CHECK FAILED"
-    if _failed_divergence(report, divergence_fails):
+    if fails_by_divergence(report.status, report.events, divergence_fails):
         state += ", DIVERGED"
     lines = [f"nandoctor {command or report.command} {report.config}: {state}"]
     lines.append(f"  {report.summary}")
@@ -195,7 +191,7 @@ def _title(report: Report, divergence_fails: bool = False) -> str:
         return f"[bold red]NON-FINITE at step {first.step} · phase {first.phase}[/]"
     if report.gate is not None and not report.gate.passed:
         return "[bold red]HEALTH CHECK FAILED[/] (every step finite)"
-    if _failed_divergence(report, divergence_fails):
+    if fails_by_divergence(report.status, report.events, divergence_fails):
         step = min(e.step for e in divergences(report.events))
         return f"[bold red]DIVERGED at step {step}[/] (every step finite)"
     if report.status == "healthy":

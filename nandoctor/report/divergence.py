@@ -78,6 +78,12 @@ def divergences(events: Sequence[Event]) -> list[Event]:
     return [e for e in events if e.kind == "divergence"]
 
 
+def fails_by_divergence(status: str, events: Sequence[Event], divergence_fails: bool) -> bool:
+    """A finite run that diverged, asked to fail on it (`--fail-on-divergence`): every
+    report of it (terminal, Markdown, JUnit) says failed, as its exit code does."""
+    return divergence_fails and status == "healthy" and bool(divergences(events))
+
+
 def divergence_text(event: Event) -> str:
     """ "loss diverged at step 40: 3.1e+06, 1.3e+06x its recent level 2.4"."""
     name = {"grad_norm": "gradient norm"}.get(event.metric or "", event.metric or "value")
