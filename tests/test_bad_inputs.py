@@ -148,3 +148,40 @@ def test_a_report_path_that_cannot_be_written(folder, where):
     if where.startswith("readonly") and result.exit_code == 0:
         pytest.skip("running as a user who can write anywhere (root)")
     assert result.exit_code == 2 and "--json" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diagnose", "{config}", "--json", ""],
+        ["diagnose", "{config}", "--junit", ""],
+        ["diagnose", "{config}", "--markdown", ""],
+        ["diagnose", "{config}", "--tensorboard", ""],
+        ["diagnose", "{config}", "--baseline", ""],
+        ["baseline", "{config}", "--out", ""],
+        ["compare", "{config}", "--json", ""],
+        ["lint", "{train}", "--sarif", ""],
+    ],
+)
+def test_an_empty_report_path_is_refused_before_the_run(folder, args):
+    """`--json "$REPORT"` with the variable unset: the job must not pass without its
+    report (it was silently not written), nor fail only after the whole run."""
+    (folder / "config.yaml").write_text(BASE)
+    (folder / "train.py").write_text(TRAIN_PY)
+    args = [a.format(config=folder / "config.yaml", train=folder / "train.py") for a in args]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    option = args[-2]
+    assert f"error: {option}: expected a" in result.output, result.output
+    assert "got an empty string" in result.output
+    assert "HEALTHY" not in result.output  # refused before the run
+
+
+def test_a_folder_that_refuses_new_files_is_found_before_the_run(folder):
+    """/proc passes every permission check as root, yet creates no file: only trying
+    tells (the report was lost after a whole run)."""
+    (folder / "config.yaml").write_text(BASE)
+    result = runner.invoke(app, ["diagnose", str(folder / "config.yaml"), "--json", "/proc/r.json"])
+    assert result.exit_code == 2
+    assert "error: --json /proc/r.json: folder /proc is not writable" in result.output
+    assert "HEALTHY" not in result.output

@@ -185,3 +185,17 @@ def test_a_dead_rank_is_named_before_the_peer_that_gloo_aborted_after_it():
     assert first_death({0: signal.SIGABRT, 1: signal.SIGKILL}) == (1, signal.SIGKILL)
     assert first_death({0: signal.SIGSEGV, 1: signal.SIGKILL}) == (0, signal.SIGSEGV)
     assert first_death({2: signal.SIGABRT, 1: signal.SIGABRT}) == (1, signal.SIGABRT)
+
+
+def test_a_report_to_dev_stdout_reaches_a_pipe():
+    """/dev/stdout on a pipe resolves to /proc/self/fd/pipe:[N], a name nothing opens:
+    the report is written through the link, not beside its target."""
+    config = str(CONFIGS / "seed-fixed.yaml")
+    args = ["diagnose", config, "--steps", "2", "-q", "--json", "/dev/stdout"]
+    out = subprocess.run(
+        [sys.executable, "-m", "nandoctor", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert '"status": "healthy"' in out.stdout

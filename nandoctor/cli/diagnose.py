@@ -124,7 +124,7 @@ def diagnose(
         verify=not no_verify,
         verify_budget=verify_budget,
         measure_health=bool(junit_path) or max_headroom is not None,
-        baseline=read_baseline(baseline) if baseline else None,
+        baseline=read_baseline(baseline) if baseline is not None else None,
         baseline_path=baseline,
         tolerances=tolerances,
         time_budget=time_budget,

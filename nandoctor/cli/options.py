@@ -64,7 +64,7 @@ def check_outputs(outputs: dict[str, str | None]) -> dict[str, str | None]:
         raise UsageError("only one report can be written to stdout ('-')")
     seen: dict[str, str] = {}
     for option, path in outputs.items():
-        if path:
+        if path is not None:
             check_writable(path, option)
             outputs[option] = resolved(path)
             if path != "-" and (same := seen.get(os.path.realpath(path))):
@@ -77,8 +77,10 @@ def checked_logdir(logdir: str | None, outputs: dict[str, str | None]) -> str | 
     """`--tensorboard`'s folder, absolute (the user's code may `chdir`), checked before a
     long run: tensorboard installed, the folder writable, and not a report's path (the
     report could not be written over the folder the writer made)."""
-    if not logdir:
+    if logdir is None:
         return None
+    if not logdir:
+        raise UsageError("--tensorboard: expected a folder, got an empty string")
     from nandoctor.render import tensorboard  # NB: not for every command's start-up
 
     logdir = resolved(logdir)

@@ -47,16 +47,27 @@ def resolved(path: str) -> str:
 
 
 def check_writable(path: str, option: str) -> None:
-    """Fail before a long run, not after it, when a report could not be written."""
+    """Fail before a long run, not after it, when a report could not be written: a file
+    is created in the folder and removed again (permissions alone do not say it: root
+    passes every access check, and `/proc` refuses new files all the same)."""
     if path == "-":
         return
+    if not path:
+        raise UsageError(f"{option}: expected a file path or '-', got an empty string")
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise UsageError(f"{option} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"{option} {path}: folder {folder} is not writable")
     if Path(path).is_dir():
         raise UsageError(f"{option} {path}: is a folder, expected a file path")
+    if Path(path).exists() and not Path(path).resolve().is_file():  # /dev/stdout, a FIFO
+        return  # NB: written through, not replaced: the folder needs no new file
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".nandoctor-", suffix=".tmp"):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"{option} {path}: folder {folder} is not writable: {_reason(e)}"
+        ) from None
 
 
 def check_not_input(path: str | None, option: str, inputs: dict[str, Path]) -> None:
@@ -116,12 +127,12 @@ def _write_stdout(data: bytes) -> None:
 
 
 def _write_file(target: Path, data: bytes) -> None:
+    if target.exists() and not target.is_file():  # /dev/stdout, a FIFO: write through
+        with open(target, "wb") as f:  # NB: before resolving: /dev/stdout on a pipe
+            f.write(data)  # resolves to /proc/self/fd/pipe:[N], a name that opens nothing
+        return
     if target.is_symlink():  # the file it points to is the report; the link stays
         target = target.resolve()
-    if target.exists() and not target.is_file():  # /dev/stdout, a FIFO: write through
-        with open(target, "wb") as f:
-            f.write(data)
-        return
     folder = target.resolve().parent
     mode = _mode_for(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)

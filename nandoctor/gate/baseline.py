@@ -101,6 +101,8 @@ def _cast_lists(device: str, dtype: str, policy: str | None) -> str | None:
 
 
 def read_baseline(path: str) -> Baseline:
+    if not path:  # NB: `--baseline "$UNSET"` would otherwise gate on nothing, and pass
+        raise UsageError("--baseline: expected a baseline file, got an empty string")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
