@@ -99,6 +99,9 @@ def test_the_cli_never_needs_the_click_package():
         # NB: a budget of nan compares false with everything (watch replayed always)
         (["watch", "--replay-budget", "nan", "--", "true"], "Invalid value for '--replay-budget'"),
         (["diagnose", "x.yaml", "--time-budget", "NaN"], "Invalid value for '--time-budget'"),
+        # NB: 0 was read as no budget, and the whole run ran
+        (["diagnose", "x.yaml", "--time-budget", "0"], "Invalid value for '--time-budget': 0: "),
+        (["baseline", "x.yaml", "--out", "b.json", "--time-budget", "-1"], "Invalid value"),
         (["diagnose", "x.yaml", "--max-headroom", "nan"], "Invalid value for '--max-headroom'"),
     ],
 )

@@ -26,6 +26,15 @@ def a_number(value: float | None) -> float | None:
     return value
 
 
+def seconds(value: float | None) -> float | None:
+    """`--time-budget`: 0 seconds would stop the run before its first step, and was
+    read as no budget at all; a budget is a number of seconds above 0 (or `inf`)."""
+    value = a_number(value)
+    if value is not None and value <= 0:
+        raise typer.BadParameter(f"{value:g}: expected a number of seconds above 0")
+    return value
+
+
 def dtype_name(value: str | None) -> str | None:
     if value is None:
         return None
@@ -140,8 +149,7 @@ Junit = typer.Option(None, "--junit", help="Write a JUnit XML report here, for C
 TimeBudget = typer.Option(
     None,
     "--time-budget",
-    min=0,
-    callback=a_number,
+    callback=seconds,
     help="Stop the run after this many seconds; judge the steps done.",
 )
 Quiet = typer.Option(False, "--quiet", "-q", help="A few lines of output, for CI logs.")

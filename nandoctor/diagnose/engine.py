@@ -73,7 +73,7 @@ def diagnose(
     options = options or DiagnoseOptions()
     forget_torch_globals()  # what an earlier run's code set is not this run's
     session = build_session(loaded)
-    if session.ranks is not None and options.time_budget:
+    if session.ranks is not None and options.time_budget is not None:
         raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
     if options.baseline is not None:  # NB: before a step runs: nothing half-written
         environment = environment_of(session, autocast_policy=session.autocast_policy)
@@ -88,7 +88,8 @@ def diagnose(
     )
     headroom = HeadroomProbe(session.model) if _measures(options) else None
     lrs = LrHistory()  # the rate each step ran with, for learning-rate-too-high
-    deadline = time.perf_counter() + options.time_budget if options.time_budget else None
+    budget = options.time_budget
+    deadline = time.perf_counter() + budget if budget is not None else None
     result = fast_run(
         session,
         loaded.config.steps,
