@@ -41,7 +41,7 @@ def test_halved_float16_headroom_fails_naming_the_first_module():
     base, halved = health(level=3000.0), health(level=3000.0, scale=2.0)
     gate = compare_to_baseline(halved, base, "b.json", Tolerances(), "float16")
     assert failed(gate) == {
-        "headroom loss": "2 (Linear) activations peaked at 6000, 9% of float16's 65504 and 2.0x "
+        "headroom loss": "2 (Linear) activations peaked at 6000, 9.2% of float16's 65504 and 2.0x "
         "the baseline's 3000 (limit 1.5x above 1.6% of the range) (and 1 more)"
     }
 
@@ -80,6 +80,15 @@ def test_headroom_limit():
     assert not check.passed and check.message == "peak at 93% of float16's 65504 in 2 (limit 50%)"
     gate = gate_of(replace(health(), headroom=0.93), "float16", Tolerances())
     assert gate is not None and failed(gate) == {"headroom": check.message}
+
+
+def test_a_small_peak_and_a_tight_limit_keep_their_digits():
+    """A bfloat16 run's peak is a fraction of a per cent of float16's range: in whole
+    per cents, "peak at 0% (limit 0%)" failed with no visible reason."""
+    check = headroom_check(replace(health(), headroom=0.00042), 0.0001)
+    assert not check.passed
+    assert check.message == "peak at 0.042% of float16's 65504 in 2 (limit 0.01%)"
+    assert "peak at 5.1% " in headroom_check(replace(health(), headroom=0.0512), 0.5).message
 
 
 def test_with_a_grad_scaler_the_scaled_gradients_are_the_scalers_business():

@@ -63,8 +63,18 @@ def headroom_check(health: Health, limit: float) -> Check:
     where = (
         f" in {health.headroom_module or '(root)'}" if health.headroom_module is not None else ""
     )
-    message = f"peak at {health.headroom:.0%} of float16's 65504{where} (limit {limit:.0%})"
+    message = (
+        f"peak at {percent(health.headroom)} of float16's 65504{where} (limit {percent(limit)})"
+    )
     return Check("headroom", health.headroom <= limit, message)
+
+
+def percent(fraction: float) -> str:
+    """Two significant digits below 10%: a bfloat16 run's peak and a tight limit both
+    read "0%" in whole percents, and the check's failure made no sense."""
+    if fraction == 0 or fraction >= 0.1 or not math.isfinite(fraction):
+        return f"{fraction:.0%}"
+    return f"{fraction * 100:.2g}%"
 
 
 def compare_to_baseline(
@@ -126,7 +136,7 @@ def _headroom_loss(
     was = f"{ratio:.1f}x the baseline's {b:.4g}" if b else "not measured in the baseline"
     others = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
     message = (
-        f"{m.module or '(root)'} ({m.type}) {kind}s peaked at {a:.4g}, {a / top:.0%} of "
+        f"{m.module or '(root)'} ({m.type}) {kind}s peaked at {a:.4g}, {percent(a / top)} of "
         f"{dtype}'s {top:.5g} and {was} (limit {tol.max_headroom_loss:g}x above "
         f"{tol.headroom_floor:.1%} of the range){others}"
     )
