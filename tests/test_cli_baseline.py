@@ -139,6 +139,21 @@ def test_a_baseline_of_another_dtype_is_refused_before_the_run(project, tmp_path
     assert "Traceback" not in result.output and not report.exists()
 
 
+def test_a_baseline_of_another_model_is_refused_before_the_run(project, tmp_path):
+    """Module by module, a baseline of another model compares nothing: every run passed."""
+    path, out = config(project, tmp_path), tmp_path / "b.json"
+    runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    (tmp_path / "other.py").write_text(
+        "import torch\ndef build_model():\n    return torch.nn.Sequential(torch.nn.Linear(8, 3))\n"
+    )
+    other = project(base_config(model="other.py:build_model", precision={"dtype": "float32"}))
+    result = runner.invoke(app, ["diagnose", str(other), "--baseline", str(out), "-q"])
+    assert result.exit_code == 2, result.output
+    assert f"--baseline {out}: recorded from another model ({path})" in result.output
+    assert "none of its modules (act ReLU, act2 ReLU, fc1 Linear, ...)" in result.output
+    assert "is in this run's (0 Linear)" in result.output
+
+
 def test_time_budget_stops_the_run_and_judges_what_ran(project):
     path = project(base_config(steps=100000))
     result = runner.invoke(app, ["diagnose", str(path), "--time-budget", "1", "--json", "-", "-q"])

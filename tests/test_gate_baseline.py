@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from nandoctor.errors import UsageError
-from nandoctor.gate.baseline import Baseline, require_comparable
-from nandoctor.report.health import GradNorms, Health
+from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
+from nandoctor.report.health import GradNorms, Health, ModuleHealth
 from nandoctor.report.types import Environment
 
 HEALTH = Health(10, 0.5, GradNorms(0.5, 1.0, 2.0, 3.0), 0, 0, 0.1, "", [])
@@ -57,3 +57,15 @@ def test_float32_autocasts_nothing_so_the_policy_does_not_matter():
 def test_a_baseline_recorded_before_it_kept_its_policy_is_checked_on_its_dtype():
     require_comparable(recorded(policy=None), "b.json", run(policy="native"))
     assert "recorded in float32" in refusal(recorded("float32", policy=None), run())
+
+
+def test_a_model_that_grew_or_lost_layers_is_still_gated_on_the_rest():
+    """Only a baseline that shares no module with the run is another model's; a grown
+    model's new layers are judged by the gate ("not measured in the baseline")."""
+    modules = [ModuleHealth("", "Net", 1.0), ModuleHealth("fc1", "Linear", 1.0)]
+    baseline = recorded()
+    baseline.health = Health(10, 0.5, GradNorms(0.5, 1.0, 2.0, 3.0), 0, 0, 0.1, "", modules)
+    require_same_model(baseline, "b.json", {"": "Net", "fc1": "Linear", "fc9": "Linear"})
+    with pytest.raises(UsageError, match="recorded from another model"):
+        require_same_model(baseline, "b.json", {"": "Net", "fc1": "Conv2d"})
+    require_same_model(recorded(), "b.json", {"": "Net"})  # recorded no module: unknown

@@ -32,7 +32,7 @@ from nandoctor.diagnose.summary import (
     run_notes,
 )
 from nandoctor.errors import UsageError, forget_torch_globals
-from nandoctor.gate.baseline import Baseline, require_comparable
+from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.report.gate import Gate
@@ -78,6 +78,8 @@ def diagnose(
     if options.baseline is not None:  # NB: before a step runs: nothing half-written
         environment = environment_of(session, autocast_policy=session.autocast_policy)
         require_comparable(options.baseline, options.baseline_path or "", environment)
+        modules = {n: type(m).__name__ for n, m in session.model.named_modules()}
+        require_same_model(options.baseline, options.baseline_path or "", modules)
     if on_session is not None:
         on_session(session)
     ranks = session.ranks

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,28 @@ def require_comparable(baseline: Baseline, path: str, run: Environment) -> None:
             f"{_LISTS[running]}: their {dtype} ops differ; record the baseline as this run "
             "runs (same device and --autocast-policy)"
         )
+
+
+def require_same_model(baseline: Baseline, path: str, modules: dict[str, str]) -> None:
+    """Refuse, before the run, a baseline recorded from another model: the gate compares
+    peaks module by module, so a baseline that shares no module (by name and type) with
+    this run's model compared nothing and passed every run. `modules`: this run's
+    model, name to type. A model that grew or lost layers shares the rest: gated, its new
+    modules judged "not measured in the baseline"."""
+    recorded = {(m.module, m.type) for m in baseline.health.modules if m.module}
+    if not recorded or recorded & {(n, t) for n, t in modules.items() if n}:
+        return
+    raise UsageError(
+        f"--baseline {path}: recorded from another model ({baseline.config}): none of its "
+        f"modules ({_some(recorded)}) is in this run's ({_some(modules.items())}); record "
+        "the baseline from this model (nandoctor baseline CONFIG --out PATH)"
+    )
+
+
+def _some(modules: Iterable[tuple[str, str]]) -> str:
+    named = sorted((n, t) for n, t in modules if n)
+    listed = ", ".join(f"{n} {t}" for n, t in named[:3])
+    return listed + (", ..." if len(named) > 3 else "")
 
 
 _LISTS = {"cuda": "CUDA's autocast lists", "cpu": "the CPU's own autocast lists"}
