@@ -120,6 +120,21 @@ def test_an_unhealthy_run_writes_no_baseline(project, tmp_path):
     assert "no baseline written" in result.output
 
 
+def test_a_run_that_diverged_writes_no_baseline(project, tmp_path):
+    """Finite but exploding (least squares at a learning rate that doubles the loss each
+    step): its peaks would let every later explosion pass the gate."""
+    from tests.test_divergence import REGRESSION, regression
+
+    path, out = project(regression(0.8), REGRESSION), tmp_path / "b.json"
+    result = runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    assert result.exit_code == 1, result.output
+    assert ": HEALTHY, DIVERGED" in result.output
+    assert "no baseline written: the run diverged" in result.output and not out.exists()
+    steady = project(regression(0.05), REGRESSION)  # the same run, trained well
+    result = runner.invoke(app, ["baseline", str(steady), "--out", str(out), "-q"])
+    assert result.exit_code == 0 and out.exists(), result.output
+
+
 def test_a_missing_or_foreign_baseline_is_a_usage_error(project, tmp_path):
     path = project(base_config())
     result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(tmp_path / "none.json")])

@@ -54,10 +54,12 @@ def baseline(
     report = run_with_progress(console, "baseline", str(config), loaded, settings, quiet)
     if distributed.current_rank() != 0:  # rank 0 writes the baseline
         return Outcome()
-    render_report(console, report, quiet=quiet, command="baseline")
+    render_report(console, report, quiet=quiet, command="baseline", divergence_fails=True)
     outcome = of_baseline(report)
     if outcome.found or outcome.passthrough is not None:
         why = "was interrupted" if outcome.interrupted else "was not healthy"
+        if report.healthy and not outcome.interrupted:
+            why = "diverged (a baseline is a run that trained well)"
         console.print(f"[red]no baseline written: the run {why}[/]")
         return outcome
     write_text(

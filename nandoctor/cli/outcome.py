@@ -86,10 +86,13 @@ def of_watch(report: Report, command_code: int, fail_on_divergence: bool = False
 
 def of_baseline(report: Report) -> Outcome:
     """`baseline`: only a healthy run is recorded; any other exits 1, an interrupted
-    one 130 (SPEC: "130 interrupted", for every command), one the user's code ended 3."""
+    one 130 (SPEC: "130 interrupted", for every command), one the user's code ended 3.
+    A run that diverged, though finite, is no baseline either: its peaks would set the
+    bar as high as an explosion."""
     if report.status == "error":
         return Outcome(passthrough=int(ExitCode.USER_CODE))
-    return Outcome(found=not report.healthy, interrupted=report.status == "interrupted")
+    found = not report.healthy or _diverged(report)
+    return Outcome(found=found, interrupted=report.status == "interrupted")
 
 
 def of_ranks(codes: dict[int, int]) -> Outcome:
