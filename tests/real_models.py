@@ -10,6 +10,10 @@ the builders, so importing this module costs nothing where transformers is missi
 - T5 with relative position buckets: every forward takes `log(0)` on the diagonal of
   the relative positions and discards it (the cast to integer buckets); at step 1 the
   user's loss normalises a masked-mean pooling of an all-padding example: 0/0.
+- GPT-2 in float16 learning an easy sequence (each row counts up), its loss a
+  hand-written log of the softmax: once the model is sure, a probability underflows to
+  exactly 0; the gather of the target's column discards log(0) = -inf, and the backward
+  of log divides by that 0: 0/0, a NaN the GradScaler skips as if it were an overflow.
 - BERT (eager attention, padding masks filled with the dtype's minimum) for masked
   language modelling: at step 1 no token of the batch was masked, so every label is
   -100 and the library's cross-entropy averages over nothing: 0/0 inside
@@ -153,3 +157,20 @@ def gpt2_sharpened_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Ten
     weights = torch.exp(logits.detach() / SHARPEN)  # marker:gpt2-exp
     target = weights / weights.sum(-1, keepdim=True)
     return out.loss - 0.1 * (target * torch.log_softmax(logits, -1)).sum(-1).mean()
+
+
+def counting_data(batches: int = 4, batch: int = 4, seq: int = 12) -> list[dict[str, torch.Tensor]]:
+    """Rows that count up (mod VOCAB) from a random start: the next token is certain."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(batches):
+        ids = (torch.randint(0, VOCAB, (batch, 1), generator=g) + torch.arange(seq)) % VOCAB
+        out.append({"input_ids": ids, "labels": ids.clone()})
+    return out
+
+
+def gpt2_hand_written_log_softmax_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+    probs = torch.softmax(logits, dim=-1)
+    log_probs = torch.log(probs)  # marker:gpt2-log
+    return -log_probs.gather(-1, batch["labels"][:, 1:].unsqueeze(-1)).mean()

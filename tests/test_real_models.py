@@ -111,6 +111,34 @@ def test_gpt2_with_a_hand_written_sharp_softmax_overflows_float32_as_its_logits_
     assert argument > 88.7 and "overflows float32 (and bfloat16) above 88.7" in cause.evidence[0]
 
 
+def test_gpt2_in_float16_a_log_of_softmax_whose_minus_inf_is_discarded_fails_in_its_backward(
+    tmp_path,
+):
+    """The textbook mistake at its subtlest: the gather of the target's column throws
+    log(0) away, and the backward of log divides by that 0. The cause is the log of the
+    softmax (its fix verified), and that log is not listed as a value seen on the way."""
+    path = tmp_path / "gpt2.yaml"
+    path.write_text(
+        "model: tests.real_models:gpt2\nmodel_args: {dropout: 0.0}\n"
+        "data: tests.real_models:counting_data\ndata_args: {batches: 8}\n"
+        "loss: tests.real_models:gpt2_hand_written_log_softmax_loss\n"
+        "optimizer: {name: AdamW, lr: 3.0e-2}\n"
+        "precision: {dtype: float16, grad_scaler: true, autocast_policy: native}\n"
+        "steps: 80\ndevice: cpu\n"
+    )
+    report = same_every_time(reports(path))
+    first = report.first_nonfinite
+    assert (first.phase, first.op, first.value) == ("backward", "aten.div.Tensor", "nan")
+    assert report.evidence.backward_of == "torch.log (LogBackward0)"
+    assert user_line(report) == (HELPER.name, line_of("gpt2-log"))
+    assert not any(t.op == "aten.log.default" for t in report.transients)
+    cause = report.causes[0]
+    assert cause.id == "log-of-softmax"
+    assert "exact zero" in cause.evidence[0] and "aten._softmax.default" in cause.evidence[0]
+    verified = diagnose(load_config(path)).causes[0]
+    assert verified.id == "log-of-softmax" and verified.verified is True
+
+
 def test_t5_takes_log_of_zero_every_step_and_it_is_never_the_origin(tmp_path):
     report = same_every_time(reports(config(tmp_path, "t5", "float32")))
     first = report.first_nonfinite

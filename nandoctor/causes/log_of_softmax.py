@@ -1,6 +1,7 @@
 """log-of-softmax: a log taken of a softmax probability that underflowed to exactly 0.
 
-The rule wants a log that met exact zeros made by a softmax or sigmoid; the what-if replays
+The rule wants a log that met exact zeros made by a softmax or sigmoid, or the backward
+of such a log (its -inf thrown away in the forward, its gradient's 0/0 kept); the what-if replays
 the run with `log(softmax(x))` rewritten to `log_softmax(x)` by the math patch, or, where
 there is no such pair to rewrite (`log(sigmoid(x))`), with the log at that line guarded.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from nandoctor.causes.case import Case
 from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Fix, Hit, entry
 from nandoctor.causes.words import LOGS, PROBABILITIES, plural
+from nandoctor.report.evidence import Producer
 
 ID = "log-of-softmax"
 
@@ -42,16 +44,26 @@ INFO = entry(
 
 
 def log_of_softmax(case: Case) -> Hit | None:
-    if case.op not in LOGS or case.zeros_in_inputs == 0:
+    if case.op in LOGS:
+        return _hit(case, case.made_by(PROBABILITIES), case.zeros_in_inputs, case.first.op)
+    if case.first.phase == "backward" and case.backward_of in LOGS:
+        # NB: log(0)'s -inf discarded in the forward (a gather of the target's column, a
+        # zero weight in nll_loss); the backward of log divides by the same 0: 0/0 = NaN
+        producer = case.made_by(PROBABILITIES, feeds="other")
+        feeds = case.input("other")
+        zeros = feeds.zeros if feeds is not None else 0
+        hit = _hit(case, producer, zeros, f"the backward of {case.evidence.backward_of}")
+        if hit is not None:
+            hit.evidence.append("log's gradient is 1/x: at x = 0 it is 0/0 = NaN, or inf")
+        return hit
+    return None
+
+
+def _hit(case: Case, producer: Producer | None, zeros: int, what: str | None) -> Hit | None:
+    if producer is None or zeros == 0:
         return None
-    producer = case.made_by(PROBABILITIES)
-    if producer is None:
-        return None
-    zeros = case.zeros_in_inputs
     at = f" at {producer.source}" if producer.source else ""
-    evidence = [
-        f"{case.first.op} received {plural(zeros, 'exact zero')} produced by {producer.op}{at}"
-    ]
+    evidence = [f"{what} received {plural(zeros, 'exact zero')} produced by {producer.op}{at}"]
     if case.first.dtype == "float16":
         evidence.append("in float16 a probability below ~6e-8 rounds to exactly 0; log(0) = -inf")
     return Hit(0.93, evidence)

@@ -155,20 +155,36 @@ def reaching(lineages: list[Lineage]) -> Lineage:
     return Lineage(min((x.origin for x in lineages), key=lambda o: o.seq), _ancestors(lineages))
 
 
-def transients(born: list[Origin], reached: frozenset[int]) -> list[Transient]:
-    """The origins whose values never reached the failure, once each (birth order)."""
+def transients(
+    born: list[Origin], reached: frozenset[int], failure: Finding | None = None
+) -> list[Transient]:
+    """The origins whose values never reached the failure, once each (birth order).
+    Not the forward op whose backward is the `failure`: `log(softmax(x))` meeting a 0
+    makes -inf that a gather discards, and its backward divides by the same 0; that log
+    is the cause, not a value seen on the way."""
     out: list[Transient] = []
     seen: set[tuple] = set()
     for origin in born:
         f = origin.finding
         key = (f.phase, f.module, f.op, f.source, f.value)
-        if origin.seq in reached or key in seen:
+        if origin.seq in reached or key in seen or _forward_of(f, failure):
             continue
         seen.add(key)
         out.append(Transient(origin.step, f.phase.value, f.module, f.op, f.value, f.source))
         if len(out) == MAX_TRANSIENTS:
             break
     return out
+
+
+def _forward_of(found: Finding, failure: Finding | None) -> bool:
+    """`found` is the forward op at the line whose backward failed ("aten.log.default"
+    at train.py:12 for "torch.log (LogBackward0)" there)."""
+    if failure is None or not failure.evidence.backward_of or found.source != failure.source:
+        return False
+    node = failure.evidence.backward_of.split("(")[-1].rstrip(")")
+    forward = node.split("Backward")[0].lower()
+    op = (found.op or "").split(".")
+    return len(op) > 1 and op[1].strip("_").lower() == forward
 
 
 def _ancestors(lineages: list[Lineage]) -> frozenset[int]:

@@ -204,7 +204,8 @@ class Tracer(Probe):
                 batch = (o for o in self.origins.born if o.finding.phase is Phase.INPUT)
                 origin = next(batch, origin)
             self.origin = origin.finding
-            self.transients = transients(self.origins.born, lineage.ancestors | {origin.seq})
+            reached = lineage.ancestors | {origin.seq}
+            self.transients = transients(self.origins.born, reached, origin.finding)
             return
         # NB: made where no op of ours saw it: the first accidental origin (if any), as
         # a tracer without lineages would say, or the tensor itself
@@ -219,7 +220,7 @@ class Tracer(Probe):
         else:
             self.origin = first.finding
         reached = frozenset() if first is None else frozenset({first.seq})
-        self.transients = transients(self.origins.born, reached)
+        self.transients = transients(self.origins.born, reached, self.origin)
 
     # -- called by the modes ---------------------------------------------------------
     def watching(self) -> bool:
