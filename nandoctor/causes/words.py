@@ -7,6 +7,7 @@ Kept in one place so that two rules describing the same failure use the same phr
 from __future__ import annotations
 
 from nandoctor.causes.case import Case
+from nandoctor.report.evidence import TensorStats
 
 LOGS = frozenset({"log", "log2", "log10"})
 PROBABILITIES = frozenset({"softmax", "sigmoid"})
@@ -39,10 +40,20 @@ def plural(n: int | None, word: str, many: str | None = None) -> str:
 _VALUES = {"nan": "NaN", "inf": "inf", "-inf": "-inf", "mixed": "non-finite"}
 
 
-def value_word(value: str | None) -> str | None:
-    """The report's `value` as a reader says it: "mixed" (NaN and inf together) is "NaN
-    and inf", the others as they are."""
-    return "NaN and inf" if value == "mixed" else value
+def value_word(value: str | None, output: TensorStats | None = None) -> str | None:
+    """The report's `value` as a reader says it: "mixed" (more than one kind) names the
+    kinds the op's `output` held ("inf and -inf": an overflow both ways made no NaN, and
+    "NaN and inf" sent users looking for a 0/0), "NaN or inf" where the kinds were not
+    counted; the others as they are."""
+    if value != "mixed":
+        return value
+    if output is None:
+        return "NaN or inf"
+    counts = (("NaN", output.nan), ("inf", output.posinf), ("-inf", output.neginf))
+    kinds = [word for word, n in counts if n]
+    if len(kinds) < 2:  # NB: stats of another tensor than the value's: say no more
+        return "NaN or inf"
+    return ", ".join(kinds[:-1]) + " and " + kinds[-1]
 
 
 def values(n: int | None, value: str | None) -> str:

@@ -110,7 +110,7 @@ def _origin_sentence(found: Finding) -> str:
         parts.append(f"in {found.module or '(root)'}")
     if found.source:
         parts.append(f"at {found.source}")
-    value = value_word(found.value)
+    value = value_word(found.value, found.evidence.output)
     what = f"{value} in its {found.tensor} ({found.count} of {found.dtype} {found.shape})"
     return " ".join(parts) + f" produced {what}"
 

@@ -108,6 +108,12 @@ def _module(module: str | None, phase: str) -> str:
     return "(none: the batch)" if phase == "input" else "(outside the model)"
 
 
+def _value(report: Report) -> str | None:
+    assert report.first_nonfinite is not None
+    output = report.evidence.output if report.evidence is not None else None
+    return value_word(report.first_nonfinite.value, output)
+
+
 def _where(report: Report) -> list[str]:
     first = report.first_nonfinite
     if first is None:
@@ -118,7 +124,7 @@ def _where(report: Report) -> list[str]:
         ("module", _module(first.module, first.phase)),
         ("op", first.op),
         ("tensor", first.tensor),
-        ("value", f"{first.count_nonfinite} × {value_word(first.value)}" if first.value else None),
+        ("value", f"{first.count_nonfinite} × {_value(report)}" if first.value else None),
         ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
         ("source", first.source),
         ("via", " ← ".join(library_frames(first)) or None),

@@ -75,7 +75,7 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
             else ""
         )
         grid.add_row("op", escape(first.op + backward))
-    value = value_word(first.value)
+    value = value_word(first.value, evidence.output if evidence else None)
     count = f"{first.count_nonfinite} × {value}" if first.count_nonfinite is not None else value
     grid.add_row("tensor", escape(f"{first.tensor}: {count} in {first.dtype} {first.shape}"))
     grid.add_row("module", module_tree(first.module, evidence, first.phase))
