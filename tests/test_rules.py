@@ -165,6 +165,20 @@ def test_clipping_makes_exploding_gradients_less_likely():
     )
 
 
+def test_an_inf_gradient_made_by_dividing_by_zero_is_no_overflow():
+    """The backward of sqrt at 0 divides by 2 sqrt(0): inf, at step 0, with no growth.
+    A backward overflow is exploding-gradients evidence; a division by an exact 0 is not."""
+    divisor = stats("other", dtype="float32", zeros=48)
+    sqrt_at_zero = case(
+        "aten.div.Tensor", "backward", "inf", [stats(dtype="float32"), divisor],
+        backward_of="torch.sqrt (SqrtBackward0)",
+    )  # fmt: skip
+    assert ids(sqrt_at_zero)[0] == "nondifferentiable-point"
+    assert "exploding-gradients" not in ids(sqrt_at_zero)
+    overflow = case("aten.mul.Tensor", "backward", "inf", [stats(absmax=60000.0)])
+    assert "exploding-gradients" in ids(overflow)
+
+
 def test_calm_gradients_are_not_exploding():
     assert "exploding-gradients" not in ids(case("aten.log.default"))
 
