@@ -42,7 +42,7 @@ from nandoctor.causes.case import Case
 from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import Replay, rerank
 from nandoctor.causes.unit import Change, Fix, fixes_for
-from nandoctor.causes.words import OVERFLOWED
+from nandoctor.causes.words import OVERFLOWED, plural
 from nandoctor.diagnose.learning import learning_of
 from nandoctor.errors import NandoctorError
 from nandoctor.registry import Registry
@@ -399,6 +399,10 @@ def _judge(
         why = f"{fixed}, the run still went non-finite at step {f.step} (phase {phase})"
         return Verdict(Replay.REFUTED, why)
     finite = f"{result.steps_run}/{steps} steps stayed finite, to step {target}"
+    skipped = sum(e.kind == "skipped-batch" for e in result.events)
+    if skipped:  # NB: not "33/38 stayed finite": the other 5 did not fail, they never ran
+        run = plural(result.steps_run, "step")
+        finite = f"{run} stayed finite and {skipped} were skipped, to step {target}"
     learning = learning_of(result.telemetry.loss, case.reference_loss, resumed=resumed)
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
