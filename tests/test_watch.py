@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -138,15 +139,19 @@ def test_a_rerun_that_fails_elsewhere_keeps_the_first_verdict_and_says_why(tmp_p
     assert any("not deterministic" in note for note in report["notes"])
 
 
-def test_tensorboard_and_fail_on_divergence_are_watch_options_too(tmp_path):
+def test_tensorboard_junit_and_fail_on_divergence_are_watch_options_too(tmp_path):
+    """watch is a CI gate as diagnose is: the same reports for the same test reporters."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    logdir = tmp_path / "tb"
+    logdir, junit = tmp_path / "tb", tmp_path / "r.xml"
     script = str(SCRIPTS / "healthy.py")
-    options = ("--tensorboard", str(logdir), "--fail-on-divergence")
+    options = ("--tensorboard", str(logdir), "--fail-on-divergence", "--junit", str(junit))
     code, report = watch(tmp_path, PY, script, "0", "5", options=options)
     assert code == 0 and report["status"] == "healthy"  # no divergence in a healthy run
+    cases = ET.fromstring(junit.read_text()).find("testsuite").findall("testcase")
+    assert [c.get("name") for c in cases] == ["finite run", "no divergence"]
+    assert not any(c.find("failure") is not None for c in cases)
     acc = EventAccumulator(str(logdir))
     acc.Reload()
     assert [e.step for e in acc.Scalars("nandoctor/loss")] == [0, 1, 2, 3, 4]

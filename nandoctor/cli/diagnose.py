@@ -70,7 +70,11 @@ def diagnose(
         callback=options.a_number,
         help="Opt-in: per-module gradient and p90 growth.",
     ),
-    skip_streak_margin: int = typer.Option(DEFAULTS.skip_streak_margin, min=0),
+    skip_streak_margin: int = typer.Option(
+        DEFAULTS.skip_streak_margin,
+        min=0,
+        help="GradScaler skips in a row allowed beyond the baseline's longest streak.",
+    ),
     max_loss_increase: float | None = typer.Option(
         DEFAULTS.max_loss_increase,
         min=0,

@@ -25,6 +25,7 @@ def watch(
     ),
     json_path: str | None = options.Json,
     markdown_path: str | None = options.Markdown,
+    junit_path: str | None = options.Junit,
     keep_going: bool = typer.Option(
         False, "--continue", help="Let the script go on after the first non-finite step."
     ),
@@ -54,7 +55,7 @@ def watch(
 
     if not command:
         raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
-    outputs = {"--json": json_path, "--markdown": markdown_path}
+    outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     files = {f"command's file {a}": Path(a) for a in command if Path(a).is_file()}
     for option, path in outputs.items():
