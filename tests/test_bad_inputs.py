@@ -62,6 +62,9 @@ def folder(tmp_path):
     (tmp_path / "corrupt.pt").write_bytes(b"these bytes are no checkpoint")
     torch.save({"model": Evil()}, tmp_path / "evil.pt")
     torch.save({"model": {"other.weight": torch.ones(1)}}, tmp_path / "wrong.pt")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    adam = torch.optim.Adam(model.parameters())  # NB: the config's optimizer is SGD
+    torch.save({"model": model.state_dict(), "optimizer": adam.state_dict()}, tmp_path / "adam.pt")
     return tmp_path
 
 
@@ -105,6 +108,8 @@ CASES = [
     ("checkpoint corrupt", BASE + "checkpoint: corrupt.pt\n", 2, "is not a readable torch checkpoint"),
     ("checkpoint with code", BASE + "checkpoint: evil.pt\n", 2, "holds pickled code or objects (print), which torch.load(weights_only=True) refuses"),
     ("checkpoint mismatch", BASE + "checkpoint: wrong.pt\n", 2, "checkpoint: does not fit the model"),
+    # NB: torch loads it (the group sizes match) and SGD's first step raised KeyError 'momentum'
+    ("another optimizer's state", BASE + "checkpoint: adam.pt\n", 2, "checkpoint: 'optimizer' does not fit the optimizer: it holds 'amsgrad', 'betas', 'capturable', ..., which SGD does not take, and lacks SGD's 'dampening', 'momentum', 'nesterov': it was saved by another optimizer"),
 ]  # fmt: skip
 
 

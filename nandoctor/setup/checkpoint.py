@@ -83,6 +83,7 @@ def restore_training_state(
     state: CheckpointState, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
 ) -> None:
     if state.optimizer is not None:
+        _require_same_algorithm(state.optimizer, optimizer)
         try:
             optimizer.load_state_dict(dict(state.optimizer))
         except (ValueError, KeyError, RuntimeError, TypeError) as e:
@@ -91,6 +92,34 @@ def restore_training_state(
             ) from None
     if state.scaler is not None and scaler is not None:
         scaler.load_state_dict(dict(state.scaler))
+
+
+def _require_same_algorithm(saved: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """torch loads another optimizer's state as long as the group sizes match (Adam's
+    into SGD), and the first step then fails on a missing hyperparameter (KeyError
+    'momentum', blamed on your code). Groups that hold settings this optimizer does not
+    know and lack some it needs come from another algorithm; groups that only lack some
+    come from an older torch, which fills them in."""
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not groups or not isinstance(groups[0], Mapping):
+        return  # NB: malformed: load_state_dict says how
+    keys = set(groups[0]) - {"params"}
+    needed = set(optimizer.defaults)
+    foreign, missing = sorted(keys - needed), sorted(needed - keys)
+    if foreign and missing:
+        name = type(optimizer).__name__
+        raise ConfigError(
+            f"checkpoint: 'optimizer' does not fit the optimizer: it holds {_names(foreign)}, "
+            f"which {name} does not take, and lacks {name}'s {_names(missing)}: it was saved "
+            "by another optimizer",
+            hint="configure the optimizer that saved the checkpoint, or drop its 'optimizer' "
+            "entry to start that state afresh",
+        )
+
+
+def _names(keys: list[str]) -> str:
+    quoted = [repr(k) for k in keys[:3]]
+    return ", ".join(quoted) + (", ..." if len(keys) > 3 else "")
 
 
 def _first_lines(error: BaseException, n: int = 2) -> str:
