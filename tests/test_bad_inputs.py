@@ -83,6 +83,11 @@ CASES = [
     ("unknown optimizer", BASE.replace("SGD", "Adamw"), 2, "has no class 'Adamw'; did you mean 'AdamW'?"),
     ("optimizer kwargs", BASE.replace("lr: 0.1", "lr: 0.1, bogus: 2"), 2, "unexpected keyword argument 'bogus'"),
     ("optimizer value", BASE.replace("lr: 0.1", "lr: -1"), 2, "Invalid learning rate"),
+    # NB: True is 1 to Python: `lr: on` trained at a rate of 1, silently
+    ("a boolean for a rate", BASE.replace("lr: 0.1", "lr: on"), 2, "optimizer.lr: expected a number, got true (YAML reads yes, no, on, off as booleans)"),
+    ("a boolean for a momentum", BASE.replace("lr: 0.1", "lr: 0.1, momentum: yes"), 2, "optimizer.momentum: expected a number, got true"),
+    ("a boolean for a step size", BASE + "scheduler: {name: StepLR, step_size: yes}\n", 2, "scheduler.step_size: expected a number, got true"),
+    ("a boolean for a factory's number", BASE.replace("{name: SGD, lr: 0.1}", "{factory: 'extra.py:make_sgd', lr: off}"), 2, "optimizer.lr: expected a number, got false"),
     ("missing file", BASE.replace("train.py:build_model", "nope.py:f"), 2, "model: 'nope.py:f': file not found"),
     ("missing module", BASE.replace("train.py:build_model", "nopkg_xyz.m:f"), 2, "no module named 'nopkg_xyz'"),
     ("missing attribute", BASE.replace("train.py:build_model", "train.py:nothing"), 2, "has no attribute 'nothing'"),

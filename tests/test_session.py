@@ -69,6 +69,15 @@ def test_invalid_optimizer_value(project):
     assert "Invalid learning rate" in config_error(project, optimizer={"name": "SGD", "lr": -1})
 
 
+def test_a_boolean_is_refused_for_a_number_and_kept_for_a_flag(project):
+    """YAML's `on` is True, and True is 1 to Python: a rate of 1, silently."""
+    message = config_error(project, optimizer={"name": "SGD", "lr": True})
+    assert message.startswith("optimizer.lr: expected a number, got true")
+    optimizer = {"name": "SGD", "lr": 0.1, "momentum": 0.9, "nesterov": True}
+    s = build_session(load_config(project(base_config(optimizer=optimizer))))
+    assert s.optimizer.defaults["nesterov"] is True
+
+
 def test_optimizer_factory(project):
     code = "import torch\n\ndef make(params, lr):\n    return torch.optim.Adam(params, lr=lr)\n"
     path = project(base_config(optimizer={"factory": "opt.py:make", "lr": 0.5}))

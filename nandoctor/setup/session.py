@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import inspect
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -245,6 +246,7 @@ def _build_from_spec(
     if spec.factory is not None:
         factory = resolve(spec.factory, f"{key}.factory", base)
         _check_arguments(factory, key, spec.factory, (arg,), spec.kwargs)
+        _refuse_booleans_for_numbers(factory, key, spec.kwargs)
         with user_code(f"{key} factory {spec.factory}"):
             return factory(arg, **spec.kwargs)
     name = spec.name or ""
@@ -252,10 +254,38 @@ def _build_from_spec(
     if not (isinstance(cls, type) and issubclass(cls, base_class)) or name.startswith("_"):
         hint = _suggest(spec.name, namespace, base_class)
         raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{hint}")
+    _refuse_booleans_for_numbers(cls, key, spec.kwargs)
     try:
         return cast(Any, cls)(arg, **spec.kwargs)  # isinstance narrowed it to `type`
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}: {spec.name}({_kwargs_text(spec.kwargs)}) refused: {e}") from None
+
+
+def _refuse_booleans_for_numbers(fn: Any, key: str, kwargs: dict[str, Any]) -> None:
+    """YAML reads `yes`, `no`, `on` and `off` as booleans, and Python takes True for 1:
+    `lr: on` trained SGD at a rate of 1, silently. A boolean is refused where the
+    signature wants a number (its default or its annotation says int or float, not bool);
+    `nesterov: yes` stays the boolean it is."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # NB: a builtin without a signature: nothing to check
+        return
+    for name, value in kwargs.items():
+        param = parameters.get(name)
+        if isinstance(value, bool) and param is not None and _wants_number(param):
+            raise ConfigError(
+                f"{key}.{name}: expected a number, got {str(value).lower()} "
+                "(YAML reads yes, no, on, off as booleans)"
+            )
+
+
+def _wants_number(param: inspect.Parameter) -> bool:
+    default, annotation = param.default, param.annotation
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        return True
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    text = text or str(annotation)
+    return not re.search(r"\bbool\b", text) and bool(re.search(r"\b(int|float)\b", text))
 
 
 def _suggest(name: str | None, namespace: Any, base_class: type) -> str:
