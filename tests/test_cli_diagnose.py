@@ -199,3 +199,13 @@ def test_a_report_to_dev_stdout_reaches_a_pipe():
     )
     assert out.returncode == 0, out.stderr
     assert '"status": "healthy"' in out.stdout
+
+
+def test_a_time_budget_for_a_distributed_run_is_refused_before_any_rank_starts():
+    """Ranks stopped by their own clocks would stop at different steps; refused once, by
+    the command, not by each rank after the launch ('rank 1: ...')."""
+    config = str(CONFIGS / "seed-fixed.yaml")
+    result = invoke("diagnose", config, "--nproc-per-node", "2", "--time-budget", "5")
+    assert result.exit_code == 2
+    assert "error: --time-budget is not supported in distributed runs yet" in result.output
+    assert "rank" not in result.output

@@ -18,7 +18,7 @@ from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
-from nandoctor.errors import RankDied
+from nandoctor.errors import RankDied, UsageError
 from nandoctor.gate.tolerances import Tolerances
 
 if TYPE_CHECKING:
@@ -112,6 +112,8 @@ def diagnose(
     )
     options.protect_inputs(outputs, loaded, baseline=baseline)
     nproc = nproc_per_node or loaded.config.distributed.nproc_per_node
+    if nproc > 1 and time_budget is not None:  # NB: before the launch, not once a rank
+        raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
     if nproc > 1 and not distributed.under_launcher():
         return launch_ranks(nproc)
     if distributed.current_rank() != 0:  # rank 0 speaks for the job
