@@ -14,6 +14,9 @@ the builders, so importing this module costs nothing where transformers is missi
   hand-written log of the softmax: once the model is sure, a probability underflows to
   exactly 0; the gather of the target's column discards log(0) = -inf, and the backward
   of log divides by that 0: 0/0, a NaN the GradScaler skips as if it were an overflow.
+- GPT-2 in float16 with one MLP's input weights scaled up: its GELU (transformers'
+  NewGELU, tanh of x + 0.044715 x^3) takes pow(x, 3), whose backward 3 x^2 overflows
+  float16: an overflow in the backward of pow, with no singular point anywhere.
 - BERT (eager attention, padding masks filled with the dtype's minimum) for masked
   language modelling: at step 1 no token of the batch was masked, so every label is
   -100 and the library's cross-entropy averages over nothing: 0/0 inside
@@ -174,3 +177,14 @@ def gpt2_hand_written_log_softmax_loss(model: Any, batch: dict[str, torch.Tensor
     probs = torch.softmax(logits, dim=-1)
     log_probs = torch.log(probs)  # marker:gpt2-log
     return -log_probs.gather(-1, batch["labels"][:, 1:].unsqueeze(-1)).mean()
+
+
+def gpt2_with_a_hot_mlp(scale: float = 3000.0) -> Any:
+    model = gpt2(dropout=0.0)
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight.mul_(scale)
+    return model
+
+
+def lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(**batch).loss

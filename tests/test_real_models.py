@@ -139,6 +139,28 @@ def test_gpt2_in_float16_a_log_of_softmax_whose_minus_inf_is_discarded_fails_in_
     assert verified.id == "log-of-softmax" and verified.verified is True
 
 
+def test_gpt2_in_float16_an_overflow_in_the_backward_of_gelus_pow_is_fp16_overflow(tmp_path):
+    """pow is steep only below exponent 1; pow(x, 3)'s backward overflows float16 and is
+    finite in float32: the precision, with bfloat16 the verified fix, not a point of
+    infinite derivative."""
+    path = tmp_path / "gpt2.yaml"
+    path.write_text(
+        "model: tests.real_models:gpt2_with_a_hot_mlp\n"
+        "data: tests.real_models:lm_data\nloss: tests.real_models:lm_loss\n"
+        "optimizer: {name: AdamW, lr: 1.0e-3}\n"
+        "precision: {dtype: float16, autocast_policy: native}\nsteps: 2\ndevice: cpu\n"
+    )
+    report = same_every_time(reports(path))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (0, "backward", "aten.pow.Tensor_Scalar")
+    assert first.module == "transformer.h.1.mlp.act"
+    assert report.evidence.backward_of == "torch.pow (PowBackward0)"
+    assert report.evidence.recompute is not None and report.evidence.recompute.finite
+    assert "nondifferentiable-point" not in [c.id for c in report.causes]
+    verified = diagnose(load_config(path)).causes[0]
+    assert verified.id == "fp16-overflow" and verified.verified is True
+
+
 def test_t5_takes_log_of_zero_every_step_and_it_is_never_the_origin(tmp_path):
     report = same_every_time(reports(config(tmp_path, "t5", "float32")))
     first = report.first_nonfinite

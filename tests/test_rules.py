@@ -241,6 +241,19 @@ def test_infinite_derivative_in_backward():
     assert ids(c)[0] == "nondifferentiable-point"
 
 
+def test_a_backward_that_overflows_away_from_any_singular_point_is_not_one():
+    """GPT-2's GELU takes pow(x, 3): its backward 3 x^2 overflows float16 for |x| > 148,
+    finite in float32, with no zero in sight. That is fp16-overflow, not a derivative
+    that is infinite at a point."""
+    c = case(
+        "aten.pow.Tensor_Scalar", "backward", "inf", [stats(absmax=1352.0)],
+        scalars=["exponent=2.0"], backward_of="torch.pow (PowBackward0)",
+        recompute=Recompute("float32", True, 1.8e6),
+    )  # fmt: skip
+    assert "nondifferentiable-point" not in ids(c)
+    assert ids(c)[0] == "fp16-overflow"
+
+
 def test_fully_masked_softmax():
     c = case("aten._softmax.default", inputs=[stats(neginf=16)])
     assert ids(c)[0] == "fully-masked-softmax"
