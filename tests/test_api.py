@@ -689,3 +689,26 @@ def test_without_a_cause_the_errors_hint_says_how_to_have_the_tensor_named():
     error = caught.value
     assert error.report.causes == [] and error.hint is not None
     assert "pass each step to guard.step(fn, batch)" in error.hint
+
+
+def test_with_the_tensor_named_and_no_cause_the_hint_says_where_to_look():
+    """guard.step names the op and line of a NaN the user's code wrote; no rule fits a
+    written NaN, and the hint was None."""
+    model, optimizer, batches, _ = tiny_loop()
+    guard = Guard(model, optimizer)
+
+    def train(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        hidden = model[0](x)
+        hidden[0, 0] = float("nan")  # the user's own write
+        loss = F.cross_entropy(model[2](model[1](hidden)), y)
+        loss.backward()
+        optimizer.step()
+
+    with pytest.raises(NonFiniteError) as caught:
+        for batch in batches:
+            guard.step(train, batch)
+    error = caught.value
+    assert error.report.causes == [] and error.report.first_nonfinite.op is not None
+    assert error.hint.startswith(f"no known cause fits: {error.report.first_nonfinite.op} at ")

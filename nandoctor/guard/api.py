@@ -52,18 +52,29 @@ HOOKED_NOTE = (
 )
 
 
+def _hint(report: Report) -> str | None:
+    """The top cause's fix; without a cause, the note that says how to have the tensor
+    named (the `with` form replays nothing), or, the tensor named, where to look."""
+    if report.causes:
+        return f"{report.causes[0].id}: {report.causes[0].fix}"
+    replay = next((note for note in report.notes if "replay" in note), None)
+    first = report.first_nonfinite
+    if replay is not None or first is None or first.op is None:
+        return replay
+    at = f" at {first.source}" if first.source else ""
+    return (
+        f"no known cause fits: {first.op}{at} made the first non-finite value; "
+        "report.evidence holds its inputs and the ops that made them"
+    )
+
+
 class NonFiniteError(NandoctorError):
     """The first step whose values went non-finite; `.report` says where and why."""
 
     exit_code = ExitCode.NONFINITE
 
     def __init__(self, report: Report) -> None:
-        top = report.causes[0] if report.causes else None
-        # NB: without a cause (the `with` form replays nothing), the note that says how to
-        # have the tensor named
-        replay = next((note for note in report.notes if "replay" in note), None)
-        hint = f"{top.id}: {top.fix}" if top is not None else replay
-        super().__init__(f"non-finite values in training: {report.summary}", hint=hint)
+        super().__init__(f"non-finite values in training: {report.summary}", hint=_hint(report))
         self.report = report
 
     def _repr_markdown_(self) -> str:
