@@ -407,6 +407,17 @@ def test_float32_overflow_of_an_exponential_past_its_limit(dtype):
     )
 
 
+def test_a_float16_exponential_that_overflows_float32_too_is_float32_overflow():
+    """Under the CPU's own lists exp stays in float16; exp(232) is inf in float32 as
+    well, so fp16-overflow does not claim it, and it got no cause at all."""
+    everywhere = Recompute("float32", False, None)
+    c = case("aten.exp.default", value="inf", inputs=[stats(absmax=232.5)], recompute=everywhere)
+    assert ids(c)[0] == "float32-overflow"
+    only_half = Recompute("float32", True, 8e4)  # exp(11.3): float16's own overflow
+    c = case("aten.exp.default", value="inf", inputs=[stats(absmax=11.3)], recompute=only_half)
+    assert ids(c)[0] == "fp16-overflow" and "float32-overflow" not in ids(c)
+
+
 def test_float32_overflow_limits_follow_the_exponential():
     exp2 = wide(case("aten.exp2.default", value="inf", inputs=[stats(absmax=120.0)]))
     assert "float32-overflow" not in ids(exp2)  # 2**120 is finite: the limit is 128
