@@ -63,7 +63,12 @@ def test_the_rate_in_effect_and_the_schedulers_jump_are_the_evidence(project):
     assert any(e.startswith(jump + "from 4e-06 to 0.1") for e in top.evidence), top.evidence
     assert f"the optimizer is SGD, at lr=0.1 in effect at step {step}" in top.evidence
     assert not any("lr=4e-06" in e for e in top.evidence)
-    assert f"from the 0.1 in effect at step {step} to 0.01 (`lr=0.1` -> `lr=0.01`)" in top.fix
+    # NB: the change is to the rate the config sets, which the scheduler scales: setting
+    # lr=0.01 as told would put 250 in effect after the jump
+    assert (
+        f"from the 0.1 in effect at step {step} to 0.01 (`lr=4e-06` -> `lr=4e-07`, "
+        "the rate you set and the scheduler scales)" in top.fix
+    )
     assert "its 2.5e+04x jump at step 40" in top.fix
     # the what-if: the config's lr / 10, so 0.01 after the jump; that holds
     assert top.verified is True, top.verification

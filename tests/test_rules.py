@@ -318,6 +318,19 @@ def test_the_learning_rate_quoted_is_the_one_in_effect_with_the_schedulers_jump(
     )
 
 
+def test_with_a_scheduler_the_fix_changes_the_rate_the_user_set():
+    """A warmup to 15x: lowering `lr=` to a tenth of the rate in effect would set it 1.5x
+    higher than it was."""
+    trends = replace(CALM, loss_min=0.4, loss_min_step=2, loss_last=9.0, loss_late_slope=2.0)
+    facts = replace(FACTS, lr=1.5, lr_start=0.01, lr_base=0.1, scheduler="LambdaLR")
+    c = case("aten.log.default", trends=replace(trends, loss_onset=3, grad_onset=3), facts=facts)
+    cause = next(x for x in rank(c) if x.id == "learning-rate-too-high")
+    assert (
+        "from the 1.5 in effect at step 10 to 0.15 (`lr=0.1` -> `lr=0.01`, the rate you set"
+        in cause.fix
+    )
+
+
 def test_a_recent_jump_of_the_rate_is_evidence_on_its_own():
     facts = replace(FACTS, lr=1e-2, lr_start=4e-7, lr_jump=LrJump(9, 4e-7, 1e-2))
     cause = next(x for x in rank(case("aten.mm.default", facts=facts)) if x.id.startswith("learn"))

@@ -66,6 +66,8 @@ class RunFacts:
     lr_start: float | None = None
     lr_jump: LrJump | None = None
     scheduler: str | None = None
+    # the rate the user set, which a scheduler scales (its `initial_lr`); None without one
+    lr_base: float | None = None
 
 
 @dataclass(frozen=True)

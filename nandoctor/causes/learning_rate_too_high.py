@@ -154,9 +154,14 @@ def _fix(case: Case) -> str | None:
         if jump is not None
         else ""
     )
+    if f.lr_base is not None and f.lr_base != f.lr:  # NB: the scheduler scales what you set
+        base = f.lr_base
+        change = f"`lr={base:g}` -> `lr={base / 10:g}`, the rate you set and the scheduler scales"
+    else:
+        change = f"`lr={f.lr:g}` -> `lr={lower:g}`"
     return (
         f"Lower the learning rate 10x, from the {f.lr:g} in effect at step {step} to "
-        f"{lower:g} (`lr={f.lr:g}` -> `lr={lower:g}`){cap}; or warm it up over the first "
+        f"{lower:g} ({change}){cap}; or warm it up over the first "
         "steps: smaller updates keep the update-to-weight ratio near 1e-3, where training "
         "converges instead of diverging."
     )

@@ -71,6 +71,7 @@ def facts_of(
         lr_start=lr_start,
         lr_jump=lr_jump,
         scheduler=type(scheduler).__name__ if scheduler is not None else None,
+        lr_base=_number(group.get("initial_lr")) if scheduler is not None else None,
     )
 
 
