@@ -121,6 +121,29 @@ def test_the_sentinel_reads_the_norm_of_the_accumulated_unscaled_gradients(proje
     assert verdict.reading.grad_norm == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["read-at-once", "packed"])
+def test_the_steps_loss_is_the_mean_of_its_micro_batches_losses(project, packed):
+    """As a trainer logs it: the last micro-batch's alone made the curve jump by batch.
+    `packed`: the way of a CUDA device (and of ranks), the losses kept on the device."""
+    path = project(base_config(grad_accum_steps=2, data_args={"batches": 4}))
+    session = build_session(load_config(path))
+    sentinel = Sentinel(session)
+    if packed:
+        sentinel.defer, sentinel._at_once = False, (session.device, False)
+    _, batch = next(iter(session.batches))
+    losses: list[float] = []
+
+    class Losses(Probe):
+        def phase_ended(self, ctx, phase):
+            if phase is Phase.LOSS:
+                losses.append(float(ctx.loss.detach()))
+
+    run_step(session, 0, batch, Probes(sentinel, Losses()))
+    (verdict,) = sentinel.collect(final=True)
+    assert len(losses) == 2 and losses[0] != losses[1]
+    assert verdict.reading.loss == pytest.approx(sum(losses) / 2, rel=1e-6)
+
+
 def test_compare_counts_optimizer_steps_too(project):
     config = base_config(data_args={"batches": 40, "nan_at": 37}, grad_accum_steps=4, steps=12)
     comparison = compare(load_config(project(config)), [])

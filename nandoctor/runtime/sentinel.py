@@ -203,6 +203,7 @@ class Sentinel(Probe):
         self._squares: list[torch.Tensor] = []
         self._host_squares: list[float] = []  # NB: the same, already read (`host_square_sums`)
         self._losses: list[float] = []  # NB: on the CPU, the step's, read as each is made
+        self._loss_parts = 0  # NB: elsewhere, how many losses the kept sum holds
         self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
         self._updated = False  # an optimizer has stepped in this step
         self._aborted: int | None = None  # the step that raised before it ended
@@ -246,9 +247,11 @@ class Sentinel(Probe):
 
     def _loss_ended(self, loss: torch.Tensor) -> None:
         kept = self._flags.get("loss")
-        # NB: with several losses in a step (accumulation), a non-finite one is kept: the
-        # step's loss is non-finite exactly when one of them was
-        self._flags["loss"] = loss if kept is None else torch.where(_bad(kept), kept, loss)
+        # NB: with several losses in a step (accumulation), the step's is their mean, as a
+        # trainer logs it: non-finite exactly when one of them is (summed in float64, so
+        # that finite float16 losses never overflow the sum)
+        self._flags["loss"] = loss if kept is None else kept.double() + loss.double()
+        self._loss_parts += 1
 
     def _loss_read(self, loss: torch.Tensor) -> None:
         """The CPU's way: the loss is read as its phase ends (the one read it costs the step
@@ -305,6 +308,9 @@ class Sentinel(Probe):
             self._pending.append((ctx.step, self._read_now(), None, has_scale))
             self._forget_step()
             return
+        if self._loss_parts > 1:
+            self._flags["loss"] = self._flags["loss"] / self._loss_parts
+        self._loss_parts = 0
         packed = torch.stack([self._slot(k, device) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
             packed = self.ranks.gather_rows(packed)
@@ -349,8 +355,8 @@ class Sentinel(Probe):
         read = read[len(flags) :]
         if len(losses) == 1:  # NB: the common case
             row[_LOSS] = losses[0]
-        elif losses:  # with several (accumulation), a non-finite one is kept
-            row[_LOSS] = next((x for x in losses if not math.isfinite(x)), losses[-1])
+        elif losses:  # with several (accumulation), their mean: non-finite if one is
+            row[_LOSS] = sum(losses) / len(losses)
         if self._grads is not None:
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
