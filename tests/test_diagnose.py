@@ -281,6 +281,33 @@ def test_a_checkpoint_with_a_nan_weight_fails_in_parameters(project, tmp_path):
     assert report.steps_completed == 0
 
 
+def test_a_checkpoint_whose_optimizer_state_holds_nan_is_named_and_zeroing_it_verified(
+    project, tmp_path
+):
+    """Finite weights, one NaN in Adam's exp_avg_sq: the first update writes it into the
+    weights. It got no cause; the fix that zeroes what was loaded is verified."""
+    from nandoctor.diagnose.engine import DiagnoseOptions
+    from tests.conftest import TRAIN_PY
+
+    namespace: dict = {}
+    exec(TRAIN_PY, namespace)
+    model = namespace["build_model"]()
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 8), torch.randint(0, 3, (8,))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    adam.step()
+    adam.state[model[0].weight]["exp_avg_sq"][0, 0] = float("nan")
+    saved = {"model": model.state_dict(), "optimizer": adam.state_dict(), "step": 7}
+    torch.save(saved, tmp_path / "ckpt.pt")
+    config = base_config(checkpoint="ckpt.pt", optimizer={"name": "Adam", "lr": 1e-3})
+    report = diagnose(load_config(project(config)), DiagnoseOptions())
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (7, "optimizer", "state:0.weight.exp_avg_sq")
+    top = report.causes[0]
+    assert top.id == "nonfinite-parameters" and "loaded" in top.evidence[0]
+    assert top.verified is True, top.verification
+
+
 def test_steps_continue_from_a_checkpoint_step(project, tmp_path):
     from tests.conftest import TRAIN_PY
 

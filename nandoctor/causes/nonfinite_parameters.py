@@ -1,6 +1,8 @@
 """nonfinite-parameters: the weights were non-finite before the step began.
 
 Named by the phase alone; a checkpoint the run started from makes it near certain. The
+optimizer state a checkpoint holds counts too: its first update writing non-finite
+values into that state, the weights and gradients finite, says the state was loaded so. The
 what-if replays the run with the non-finite entries of the loaded weights (and optimizer
 state) zeroed, to show whether that corruption is the only problem: the run then either
 trains, or stays finite without learning (every weight of a layer was lost), or fails
@@ -27,8 +29,9 @@ INFO = entry(
     """,
     fix="""
     Resume from the last checkpoint whose weights are finite, and check
-    `torch.isfinite(p).all()` for every parameter before saving: a checkpoint is then known
-    good, and the next failure shows up at the step that caused it.
+    `torch.isfinite(p).all()` for every parameter (and the optimizer's state tensors)
+    before saving: a checkpoint is then known good, and the next failure shows up at the
+    step that caused it.
     """,
     before="""
     torch.save(model.state_dict(), "last.pt")
@@ -44,6 +47,15 @@ INFO = entry(
 
 def nonfinite_parameters(case: Case) -> Hit | None:
     f = case.first
+    if f.phase == "optimizer" and _loaded_state(case):
+        # NB: finite weights and gradients, and the first update after loading made the
+        # optimizer's own state non-finite: the state it loaded was (Adam's exp_avg_sq)
+        evidence = [
+            f"{f.tensor.removeprefix('state:')} (optimizer state) held {f.value} in the first "
+            f"update after the checkpoint {case.facts.checkpoint} was loaded, its weights and "
+            "gradients finite"
+        ]
+        return Hit(0.9, evidence)
     if f.phase != "parameters":
         return None
     tensor = f.tensor or "the parameters"
@@ -51,6 +63,12 @@ def nonfinite_parameters(case: Case) -> Hit | None:
     if case.facts.checkpoint and f.step == case.facts.start_step:
         evidence.append(f"the weights were loaded from the checkpoint {case.facts.checkpoint}")
     return Hit(0.99 if len(evidence) > 1 else 0.95, evidence)
+
+
+def _loaded_state(case: Case) -> bool:
+    f = case.first
+    first_step = f.step == case.facts.start_step and case.facts.checkpoint is not None
+    return first_step and (f.tensor or "").startswith("state:")
 
 
 FIXES = (Fix(change=Change.ZERO_NONFINITE_WEIGHTS),)
