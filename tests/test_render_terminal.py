@@ -86,7 +86,13 @@ def test_failure_panel_shows_where_and_why(tmp_path):
     assert "tensor  output: 3 × -inf in float16 [4, 10]" in text
     assert "❱ 4     return -(y * torch.log(p)).sum()" in text  # the line, highlighted
     assert "← self came from aten._softmax.default at train.py:3 (loss)" in text
-    assert "the math itself, not the precision" in text
+    # a float16 softmax's zero, recomputed as it is: still -inf, but no "not the precision"
+    assert "in float32 the same op on these inputs is still non-finite" in text
+    assert "the math itself" not in text
+    report = failing_report(tmp_path)
+    inputs = [dataclasses.replace(i, dtype="float32") for i in report.evidence.inputs]
+    report.evidence = dataclasses.replace(report.evidence, inputs=inputs)  # a float32 zero
+    assert "the math itself, not the precision" in render(report)
     assert "GradScaler skips: 1 overflow, 1 unchecked" in text and "note: a note" in text
     assert "×" in text  # the NaN loss on the curve
 

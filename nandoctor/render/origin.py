@@ -171,6 +171,14 @@ def _provenance(evidence: Evidence) -> list[str]:
             lines.append(
                 f"in float32 the same op stays finite (|x| max {peak}): a precision problem"
             )
+        elif any(i.zeros for i in evidence.inputs) and any(
+            i.dtype in ("float16", "bfloat16") for i in evidence.inputs
+        ):  # NB: recomputed from the inputs as they are: a zero an earlier half-precision
+            # op rounded to (x*x underflowing, 1e-8 that is 0 in float16) stays a zero
+            lines.append(
+                "in float32 the same op on these inputs is still non-finite; their exact "
+                "zeros may come from an earlier op's lower precision (see the causes)"
+            )
         else:
             lines.append(
                 "in float32 the same op is still non-finite: the math itself, not the precision"
