@@ -110,6 +110,17 @@ def test_an_epsilon_float16_rounds_to_zero_beats_division_by_zero():
     ]
 
 
+def test_an_epsilon_added_in_the_math_gets_the_fix_for_that_line():
+    """Not the catalog's `model.half()` and Adam: an autocast run's weights are float32
+    already; the epsilon to change is the one at that line."""
+    inputs = [stats(), stats("other", zeros=4)]
+    made = [producer("aten.add.Tensor", feeds="other", scalars=["other=1e-08"])]
+    top = rank(case("aten.div.Tensor", inputs=inputs, producers=made))[0]
+    assert top.id == "eps-underflow"
+    assert top.fix.startswith("Use an epsilon float16 can hold at m.py:2: 1e-08 is 0 there")
+    assert "half()" not in top.fix
+
+
 def test_an_optimizer_eps_of_zero():
     facts = replace(FACTS, eps=0.0, optimizer="Adam")
     assert ids(case("aten.addcdiv_.default", "optimizer", facts=facts))[0] == "eps-underflow"

@@ -66,7 +66,14 @@ def eps_underflow(case: Case) -> Hit | None:
                 f"(smallest value ~{SMALLEST[str(dtype)]:.2g}), so {case.first.op} still met "
                 f"{zeros}"
             )
-            return Hit(0.95, [sentence])
+            # NB: the catalog's fix speaks of model.half() and Adam too; this run's epsilon
+            # is the one at that line (an autocast run holds float32 weights already)
+            fix = (
+                f"Use an epsilon {dtype} can hold at {p.source}: {tiny[0].split('=')[-1]} is 0 "
+                "there; use 1e-5 or more for float16, or compute that sum in float32: the "
+                "epsilon then guards the denominator instead of vanishing."
+            )
+            return Hit(0.95, [sentence], fix=fix)
     return None
 
 
