@@ -17,6 +17,9 @@ the builders, so importing this module costs nothing where transformers is missi
 - GPT-2 in float16 with one MLP's input weights scaled up: its GELU (transformers'
   NewGELU, tanh of x + 0.044715 x^3) takes pow(x, 3), whose backward 3 x^2 overflows
   float16: an overflow in the backward of pow, with no singular point anywhere.
+- GPT-2 in float16 with a hand-written InfoNCE term: `exp` of raw similarities
+  overflows float16 (above ~11.1), `e.diag() / e.sum(-1)` turns that inf into an exact
+  0, and the log of it fails: an overflow that healed into the failure.
 - BERT (eager attention, padding masks filled with the dtype's minimum) for masked
   language modelling: at step 1 no token of the batch was masked, so every label is
   -100 and the library's cross-entropy averages over nothing: 0/0 inside
@@ -188,3 +191,11 @@ def gpt2_with_a_hot_mlp(scale: float = 3000.0) -> Any:
 
 def lm_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return model(**batch).loss
+
+
+def gpt2_info_nce_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    out = model(**batch, output_hidden_states=True)
+    hidden = out.hidden_states[-1]
+    similarity = hidden[:, 0] @ hidden[:, -1].t()
+    e = torch.exp(similarity)  # marker:gpt2-info-nce-exp
+    return out.loss - 0.1 * torch.log(e.diag() / e.sum(-1)).mean()  # marker:gpt2-info-nce-log

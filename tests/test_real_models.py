@@ -161,6 +161,29 @@ def test_gpt2_in_float16_an_overflow_in_the_backward_of_gelus_pow_is_fp16_overfl
     assert verified.id == "fp16-overflow" and verified.verified is True
 
 
+def test_gpt2_in_float16_an_exp_overflow_that_healed_into_a_log_of_zero_is_suspected(tmp_path):
+    """The log is the origin (the inf healed into its zero, and the tracer follows
+    values, not zeros), but the cause is the overflow upstream: bfloat16 holds (verified),
+    the clamp of the log does not."""
+    path = tmp_path / "gpt2.yaml"
+    path.write_text(
+        "model: tests.real_models:gpt2\nmodel_args: {dropout: 0.0}\n"
+        "data: tests.real_models:lm_data\nloss: tests.real_models:gpt2_info_nce_loss\n"
+        "optimizer: {name: AdamW, lr: 1.0e-3}\n"
+        "precision: {dtype: float16, grad_scaler: true, autocast_policy: native}\n"
+        "steps: 4\ndevice: cpu\n"
+    )
+    report = same_every_time(reports(path))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (0, "loss", "aten.log.default")
+    assert user_line(report) == (HELPER.name, line_of("gpt2-info-nce-log"))
+    exp = [t for t in report.transients if t.op == "aten.exp.default"]
+    assert exp and exp[0].source.endswith(f":{line_of('gpt2-info-nce-exp')}")
+    causes = diagnose(load_config(path)).causes
+    assert (causes[0].id, causes[0].verified) == ("fp16-overflow", True)
+    assert next(c for c in causes if c.id == "log-of-zero").verified is False
+
+
 def test_t5_takes_log_of_zero_every_step_and_it_is_never_the_origin(tmp_path):
     report = same_every_time(reports(config(tmp_path, "t5", "float32")))
     first = report.first_nonfinite

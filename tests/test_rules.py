@@ -442,6 +442,28 @@ def test_a_float16_exponential_that_overflows_float32_too_is_float32_overflow():
     assert ids(c)[0] == "fp16-overflow" and "float32-overflow" not in ids(c)
 
 
+def test_an_exponential_that_overflowed_float16_and_healed_into_the_failure_is_suspected():
+    """exp(sim) overflows float16; e / e.sum() turns the inf into exact zeros, and the log
+    of those fails: log-of-zero alone offered a clamp that does not help. fp16-overflow
+    is the hypothesis the replay of bfloat16 then settles."""
+    from nandoctor.report.types import Transient
+
+    healed = (Transient(10, "loss", None, "aten.exp.default", "inf", "m.py:1"),)
+    zeros = [stats(zeros=2)]
+    c = replace(case("aten.log.default", "loss", "-inf", inputs=zeros), transients=healed)
+    top = next(x for x in rank(c) if x.id == "fp16-overflow")
+    assert (
+        "aten.exp.default at m.py:1 overflowed float16 to inf earlier in step 10"
+        in (top.evidence[0])
+    )
+    masked = (Transient(10, "forward", None, "aten.masked_fill.Scalar", "-inf", "m.py:1"),)
+    assert "fp16-overflow" not in ids(replace(c, transients=masked))  # a mask is no overflow
+    earlier = (Transient(9, "loss", None, "aten.exp.default", "inf", "m.py:1"),)
+    assert "fp16-overflow" not in ids(replace(c, transients=earlier))  # another step's
+    bf16 = replace(c, facts=replace(FACTS, dtype="bfloat16"))
+    assert "fp16-overflow" not in ids(bf16)
+
+
 def test_float32_overflow_limits_follow_the_exponential():
     exp2 = wide(case("aten.exp2.default", value="inf", inputs=[stats(absmax=120.0)]))
     assert "float32-overflow" not in ids(exp2)  # 2**120 is finite: the limit is 128

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # NB: annotations only: `lint` loads the causes for their tex
     # the report's model (its health statistics, JSON) is a fifth of its start-up
     from nandoctor.report.evidence import Evidence, Producer, TensorStats
     from nandoctor.report.trends import Trends
-    from nandoctor.report.types import FirstNonfinite
+    from nandoctor.report.types import FirstNonfinite, Transient
 
 FLOAT16_MAX = 65504.0
 FLOAT16_SMALLEST = 2.0**-24  # ~6e-8, the smallest positive float16 (a subnormal)
@@ -79,6 +79,8 @@ class Case:
     # the original run's loss at its last finite steps (before the failing one), which a
     # what-if replay's loss is held against: a fix must not stop the run learning
     reference_loss: float | None = None
+    # the non-finite values the replay saw heal before the failure (report.transients)
+    transients: tuple[Transient, ...] = ()
 
     @property
     def op(self) -> str:

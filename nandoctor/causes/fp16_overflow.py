@@ -6,7 +6,7 @@ modules already near the limit. The what-if replays the run in bfloat16.
 
 from __future__ import annotations
 
-from nandoctor.causes.case import FLOAT16_MAX, Case
+from nandoctor.causes.case import FLOAT16_MAX, Case, op_base
 from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
 from nandoctor.causes.words import OVERFLOWED, num, where
 
@@ -43,6 +43,8 @@ INFO = entry(
 
 
 def fp16_overflow(case: Case) -> Hit | None:
+    if (upstream := _overflow_upstream(case)) is not None:
+        return upstream
     if case.first.dtype != "float16" or case.first.value not in OVERFLOWED:
         return None
     recompute = case.evidence.recompute
@@ -67,6 +69,27 @@ def fp16_overflow(case: Case) -> Hit | None:
         return None
     confidence = 0.9 if len(evidence) > 1 or evidence[0].startswith(case.first.op or "-") else 0.6
     return Hit(confidence - (0.15 if case.first.phase == "backward" else 0.0), evidence)
+
+
+EXPONENTIALS = frozenset({"exp", "exp2", "expm1", "pow", "cosh", "sinh"})
+
+
+def _overflow_upstream(case: Case) -> Hit | None:
+    """An exponential that overflowed float16 earlier in the failing step, its inf
+    healed on the way (`e / e.sum()` with an inf in the sum is 0): the zero the failing
+    log or division met may be that overflow's. A hypothesis for the replay to test (its
+    fix, bfloat16, is replayed), not a certainty: the value healed."""
+    if case.facts.dtype != "float16":
+        return None
+    for t in case.transients:
+        if t.step == case.first.step and t.value == "inf" and op_base(t.op) in EXPONENTIALS:
+            at = f" at {t.source}" if t.source else ""
+            sentence = (
+                f"{t.op}{at} overflowed float16 to inf earlier in step {t.step} ({t.phase}); "
+                "the inf healed on the way (x / inf is 0), into the values that failed"
+            )
+            return Hit(0.6, [sentence])
+    return None
 
 
 FIXES = (Fix(change=Change.BFLOAT16),)

@@ -50,10 +50,10 @@ def nonfinite_parameters(case: Case) -> Hit | None:
     if f.phase == "optimizer" and _loaded_state(case):
         # NB: finite weights and gradients, and the first update after loading made the
         # optimizer's own state non-finite: the state it loaded was (Adam's exp_avg_sq)
+        state = (f.tensor or "").removeprefix("state:")
         evidence = [
-            f"{f.tensor.removeprefix('state:')} (optimizer state) held {f.value} in the first "
-            f"update after the checkpoint {case.facts.checkpoint} was loaded, its weights and "
-            "gradients finite"
+            f"{state} (optimizer state) held {f.value} in the first update after the "
+            f"checkpoint {case.facts.checkpoint} was loaded, its weights and gradients finite"
         ]
         return Hit(0.9, evidence)
     if f.phase != "parameters":

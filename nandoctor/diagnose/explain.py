@@ -26,7 +26,9 @@ def case_of(result: RunResult, located: Localization | None, facts: RunFacts) ->
         return None
     evidence = evidence_of(located) or Evidence()
     trends = trends_of(result.telemetry, result.events)
-    return Case(first, evidence, trends, facts, reference_loss(_losses_before(result, first.step)))
+    reference = reference_loss(_losses_before(result, first.step))
+    healed = tuple(located.transients) if located is not None else ()
+    return Case(first, evidence, trends, facts, reference, healed)
 
 
 def _losses_before(result: RunResult, step: int) -> list[float]:

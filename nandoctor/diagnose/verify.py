@@ -402,7 +402,8 @@ def _judge(
     skipped = sum(e.kind == "skipped-batch" for e in result.events)
     if skipped:  # NB: not "33/38 stayed finite": the other 5 did not fail, they never ran
         run = plural(result.steps_run, "step")
-        finite = f"{run} stayed finite and {skipped} were skipped, to step {target}"
+        were = "was" if skipped == 1 else "were"
+        finite = f"{run} stayed finite and {skipped} {were} skipped, to step {target}"
     learning = learning_of(result.telemetry.loss, case.reference_loss, resumed=resumed)
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
