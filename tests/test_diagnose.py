@@ -308,6 +308,22 @@ def test_a_checkpoint_whose_optimizer_state_holds_nan_is_named_and_zeroing_it_ve
     assert top.verified is True, top.verification
 
 
+def test_an_optimizer_state_from_an_older_torch_with_a_named_group_still_loads(project, tmp_path):
+    """Only another algorithm's state is refused: a group that lacks a setting a newer
+    torch added, and holds a key of the user's own, is the same optimizer's."""
+    from tests.conftest import TRAIN_PY
+
+    namespace: dict = {}
+    exec(TRAIN_PY, namespace)
+    model = namespace["build_model"]()
+    state = torch.optim.Adam(model.parameters(), lr=1e-3).state_dict()
+    del state["param_groups"][0]["decoupled_weight_decay"]  # newer than the saving torch
+    state["param_groups"][0]["name"] = "all weights"  # the user's own key
+    torch.save({"model": model.state_dict(), "optimizer": state}, tmp_path / "old.pt")
+    report = run(project, checkpoint="old.pt", optimizer={"name": "Adam", "lr": 1e-3})
+    assert report.status == "healthy"
+
+
 def test_steps_continue_from_a_checkpoint_step(project, tmp_path):
     from tests.conftest import TRAIN_PY
 

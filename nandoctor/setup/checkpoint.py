@@ -7,6 +7,8 @@ Two forms are accepted: a model `state_dict`, or `{"model": ..., "optimizer": ..
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import pickle
 import re
 from collections.abc import Mapping
@@ -105,7 +107,9 @@ def _require_same_algorithm(saved: Mapping[str, Any], optimizer: torch.optim.Opt
         return  # NB: malformed: load_state_dict says how
     keys = set(groups[0]) - {"params"}
     needed = set(optimizer.defaults)
-    foreign, missing = sorted(keys - needed), sorted(needed - keys)
+    # NB: a key of the user's own in the group (a group's "name") is not another algorithm
+    foreign = sorted((keys - needed) & _torch_hyperparameters())
+    missing = sorted(needed - keys)
     if foreign and missing:
         name = type(optimizer).__name__
         raise ConfigError(
@@ -115,6 +119,16 @@ def _require_same_algorithm(saved: Mapping[str, Any], optimizer: torch.optim.Opt
             hint="configure the optimizer that saved the checkpoint, or drop its 'optimizer' "
             "entry to start that state afresh",
         )
+
+
+def _torch_hyperparameters() -> set[str]:
+    """Every keyword of torch's own optimizers (betas, momentum, rho, ...)."""
+    names: set[str] = set()
+    for value in vars(torch.optim).values():
+        if isinstance(value, type) and issubclass(value, torch.optim.Optimizer):
+            with contextlib.suppress(TypeError, ValueError):
+                names |= set(inspect.signature(value).parameters) - {"params", "defaults"}
+    return names
 
 
 def _names(keys: list[str]) -> str:
