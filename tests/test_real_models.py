@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.report.types import Report
@@ -44,6 +45,33 @@ def config(tmp_path: Path, name: str, dtype: str, loss: str | None = None, steps
         f"steps: {steps}\n"
         "device: cpu\n"
     )
+    return path
+
+
+def float16_config(
+    tmp_path: Path,
+    loss: str,
+    steps: int,
+    lr: float = 1e-3,
+    data: str = "lm_data",
+    model: str = "gpt2",
+) -> Path:
+    """GPT-2 (no dropout) under float16 autocast with the CPU's own lists and a
+    GradScaler, as a CPU script trains it."""
+    path = tmp_path / "gpt2.yaml"
+    config = {
+        "model": f"tests.real_models:{model}",
+        "data": f"tests.real_models:{data}",
+        "data_args": {"batches": 8},
+        "loss": f"tests.real_models:{loss}",
+        "optimizer": {"name": "AdamW", "lr": lr},
+        "precision": {"dtype": "float16", "grad_scaler": True, "autocast_policy": "native"},
+        "steps": steps,
+        "device": "cpu",
+    }
+    if model == "gpt2":
+        config["model_args"] = {"dropout": 0.0}
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -117,14 +145,8 @@ def test_gpt2_in_float16_a_log_of_softmax_whose_minus_inf_is_discarded_fails_in_
     """The textbook mistake at its subtlest: the gather of the target's column throws
     log(0) away, and the backward of log divides by that 0. The cause is the log of the
     softmax (its fix verified), and that log is not listed as a value seen on the way."""
-    path = tmp_path / "gpt2.yaml"
-    path.write_text(
-        "model: tests.real_models:gpt2\nmodel_args: {dropout: 0.0}\n"
-        "data: tests.real_models:counting_data\ndata_args: {batches: 8}\n"
-        "loss: tests.real_models:gpt2_hand_written_log_softmax_loss\n"
-        "optimizer: {name: AdamW, lr: 3.0e-2}\n"
-        "precision: {dtype: float16, grad_scaler: true, autocast_policy: native}\n"
-        "steps: 80\ndevice: cpu\n"
+    path = float16_config(
+        tmp_path, "gpt2_hand_written_log_softmax_loss", steps=80, lr=3e-2, data="counting_data"
     )
     report = same_every_time(reports(path))
     first = report.first_nonfinite
@@ -143,13 +165,7 @@ def test_gpt2_in_float16_an_overflow_in_the_backward_of_gelus_pow_is_fp16_overfl
     """pow is steep only below exponent 1; pow(x, 3)'s backward overflows float16 and is
     finite in float32: the precision, with bfloat16 the verified fix, not a point of
     infinite derivative."""
-    path = tmp_path / "gpt2.yaml"
-    path.write_text(
-        "model: tests.real_models:gpt2_with_a_hot_mlp\n"
-        "data: tests.real_models:lm_data\nloss: tests.real_models:lm_loss\n"
-        "optimizer: {name: AdamW, lr: 1.0e-3}\n"
-        "precision: {dtype: float16, autocast_policy: native}\nsteps: 2\ndevice: cpu\n"
-    )
+    path = float16_config(tmp_path, "lm_loss", steps=2, model="gpt2_with_a_hot_mlp")
     report = same_every_time(reports(path))
     first = report.first_nonfinite
     assert (first.step, first.phase, first.op) == (0, "backward", "aten.pow.Tensor_Scalar")
@@ -165,14 +181,7 @@ def test_gpt2_in_float16_an_exp_overflow_that_healed_into_a_log_of_zero_is_suspe
     """The log is the origin (the inf healed into its zero, and the tracer follows
     values, not zeros), but the cause is the overflow upstream: bfloat16 holds (verified),
     the clamp of the log does not."""
-    path = tmp_path / "gpt2.yaml"
-    path.write_text(
-        "model: tests.real_models:gpt2\nmodel_args: {dropout: 0.0}\n"
-        "data: tests.real_models:lm_data\nloss: tests.real_models:gpt2_info_nce_loss\n"
-        "optimizer: {name: AdamW, lr: 1.0e-3}\n"
-        "precision: {dtype: float16, grad_scaler: true, autocast_policy: native}\n"
-        "steps: 4\ndevice: cpu\n"
-    )
+    path = float16_config(tmp_path, "gpt2_info_nce_loss", steps=4)
     report = same_every_time(reports(path))
     first = report.first_nonfinite
     assert (first.step, first.phase, first.op) == (0, "loss", "aten.log.default")
