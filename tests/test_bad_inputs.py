@@ -30,6 +30,22 @@ def a_dict():
     return {"a": 1}
 def no_params():
     return torch.nn.ReLU()
+def no_return(model, batch):
+    x, y = batch
+    torch.nn.functional.cross_entropy(model(x), y)
+class Output:  # transformers' ModelOutput, as far as a loss function sees it
+    def __init__(self, loss):
+        self.loss = loss
+def labelled():
+    return [{"x": torch.randn(4, 8), "labels": torch.randint(0, 3, (4,))}]
+def unlabelled():
+    return [{"x": torch.randn(4, 8)}]
+def model_output(model, batch):
+    out = model(batch["x"])
+    return Output(torch.nn.functional.cross_entropy(out, batch["labels"]))
+def output_loss(model, batch):
+    model(batch["x"])
+    return Output(None).loss
 def make_sgd(params, lr=0.1):
     return torch.optim.SGD(params, lr=lr)
 class TupleOut(torch.nn.Module):
@@ -104,7 +120,10 @@ CASES = [
     ("data not iterable", BASE.replace("train.py:build_data", "train.py:not_iterable"), 2, "expected an iterable of batches"),
     ("non-tensor batches", BASE.replace("train.py:build_data", "extra.py:strings"), 2, "default loss expects batches (x, y); got a str"),
     ("mismatched shapes", BASE.replace("train.py:build_data", "extra.py:wrong_width"), 3, "loss (step 0) raised RuntimeError: mat1 and mat2 shapes"),
-    ("loss not a tensor", BASE + "loss: extra.py:a_float\n", 2, "loss: returned a float, expected a scalar torch.Tensor"),
+    ("loss not a tensor", BASE + "loss: extra.py:a_float\n", 2, "loss: returned a float, expected a scalar torch.Tensor\nhint: return the loss tensor, not `loss.item()`"),
+    ("loss returns nothing", BASE + "loss: extra.py:no_return\n", 2, "loss: returned a NoneType, expected a scalar torch.Tensor\nhint: the loss function returned nothing: end it with `return loss`"),
+    ("loss returns the model's output", BASE.replace("train.py:build_data", "extra.py:labelled") + "loss: extra.py:model_output\n", 2, "hint: that is the model's output: return its .loss (`model(**batch).loss`)"),
+    ("a transformers loss without labels", BASE.replace("train.py:build_data", "extra.py:unlabelled") + "loss: extra.py:output_loss\n", 2, "hint: a transformers model's .loss is None unless the batch holds 'labels'; this batch holds 'x'"),
     ("loss not a scalar", BASE + "loss: extra.py:per_sample\n", 2, "expected a scalar"),
     ("checkpoint missing", BASE + "checkpoint: none.pt\n", 2, "checkpoint: file not found"),
     ("checkpoint a folder", BASE + "checkpoint: .\n", 2, "is a folder, expected a checkpoint file"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -56,7 +56,7 @@ def _forward_backward(
     with _Phase(ctx, probe, Phase.LOSS), forward, session.autocast():
         with user_code(f"loss (step {ctx.step})"):
             loss = session.loss_fn(session.train_model or session.model, ctx.batch)
-        ctx.loss = _checked_loss(loss)
+        ctx.loss = _checked_loss(loss, ctx.batch)
     with _Phase(ctx, probe, Phase.BACKWARD):
         _backward(session, ctx, last=last)
     ctx.output = None  # NB: drop the graph's outputs now, not when ctx goes away
@@ -104,9 +104,12 @@ def _scheduler_step(scheduler: Any, ctx: StepContext) -> None:
             scheduler.step()
 
 
-def _checked_loss(loss: Any) -> torch.Tensor:
+def _checked_loss(loss: Any, batch: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor):
-        raise ConfigError(f"loss: returned a {type(loss).__name__}, expected a scalar torch.Tensor")
+        raise ConfigError(
+            f"loss: returned a {type(loss).__name__}, expected a scalar torch.Tensor",
+            hint=_not_a_tensor_hint(loss, batch),
+        )
     if loss.numel() != 1:
         raise ConfigError(
             f"loss: returned a tensor of shape {list(loss.shape)}, expected a scalar",
@@ -115,6 +118,24 @@ def _checked_loss(loss: Any) -> torch.Tensor:
     if not loss.requires_grad:
         raise ConfigError("loss: the returned tensor does not require grad (is it detached?)")
     return loss if loss.dim() == 0 else loss.reshape(())  # NB: no view (and no node) to add
+
+
+def _not_a_tensor_hint(loss: Any, batch: Any) -> str | None:
+    """The usual ways a loss function returns something else, transformers' first."""
+    unlabelled = isinstance(batch, Mapping) and "labels" not in batch
+    if (loss is None or hasattr(loss, "loss")) and unlabelled:
+        keys = ", ".join(repr(k) for k in batch)
+        return (
+            "a transformers model's .loss is None unless the batch holds 'labels'; "
+            f"this batch holds {keys}"
+        )
+    if hasattr(loss, "loss"):  # a ModelOutput
+        return "that is the model's output: return its .loss (`model(**batch).loss`)"
+    if loss is None:
+        return "the loss function returned nothing: end it with `return loss`"
+    if isinstance(loss, float):
+        return "return the loss tensor, not `loss.item()`: the backward needs its graph"
+    return None
 
 
 class _Phase:
