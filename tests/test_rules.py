@@ -462,6 +462,13 @@ def test_an_exponential_that_overflowed_float16_and_healed_into_the_failure_is_s
     assert "fp16-overflow" not in ids(replace(c, transients=earlier))  # another step's
     bf16 = replace(c, facts=replace(FACTS, dtype="bfloat16"))
     assert "fp16-overflow" not in ids(bf16)
+    # the failing op's own overflow is the stronger evidence: not hidden by the hypothesis
+    own = case(
+        "aten.addmm.default", value="inf", inputs=[stats(absmax=30000.0)],
+        recompute=Recompute("float32", True, 81000.0),
+    )  # fmt: skip
+    top = next(x for x in rank(replace(own, transients=healed)) if x.id == "fp16-overflow")
+    assert top.confidence == 0.9 and "gives |x| up to 8.1e+04 in float32" in top.evidence[0]
 
 
 def test_float32_overflow_limits_follow_the_exponential():

@@ -43,8 +43,11 @@ INFO = entry(
 
 
 def fp16_overflow(case: Case) -> Hit | None:
-    if (upstream := _overflow_upstream(case)) is not None:
-        return upstream
+    """The failing op's own overflow first; else one upstream that healed into it."""
+    return _overflow_here(case) or _overflow_upstream(case)
+
+
+def _overflow_here(case: Case) -> Hit | None:
     if case.first.dtype != "float16" or case.first.value not in OVERFLOWED:
         return None
     recompute = case.evidence.recompute
