@@ -101,6 +101,13 @@ class Case:
     def input(self, name: str) -> TensorStats | None:
         return next((i for i in self.evidence.inputs if i.name == name), None)
 
+    @property
+    def divisor(self) -> TensorStats | None:
+        """What a division divided by (div's `other`, reciprocal's `self`); None for an
+        op that divides nothing."""
+        name = {"div": "other", "reciprocal": "self"}.get(self.op)
+        return self.input(name) if name is not None else None
+
     def producers(self, depth: int = 1, feeds: str | None = None) -> list[Producer]:
         return [
             p

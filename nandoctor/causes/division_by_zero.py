@@ -38,7 +38,7 @@ INFO = entry(
 
 
 def division_by_zero(case: Case) -> Hit | None:
-    denominator = case.input("other")
+    denominator = case.divisor
     if case.op != "div" or case.first.phase not in ("forward", "loss") or denominator is None:
         return None
     if denominator.zeros == 0:

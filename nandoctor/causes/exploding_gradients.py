@@ -101,9 +101,8 @@ def _gradient_overflow(case: Case) -> bool:
 def _divided_by_zero(case: Case) -> bool:
     """An inf made by dividing by an exact 0 (the backward of sqrt at 0 divides by
     2 sqrt(0)) is no overflow: no value grew, whatever the gradients' size."""
-    divisor = {"div": "other", "reciprocal": "self"}.get(case.op)
-    stats = case.input(divisor) if divisor is not None else None
-    return stats is not None and stats.zeros > 0
+    divisor = case.divisor
+    return divisor is not None and divisor.zeros > 0
 
 
 FIXES = (Fix(change=Change.CLIP_GRAD_NORM),)

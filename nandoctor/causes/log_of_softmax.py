@@ -50,8 +50,7 @@ def log_of_softmax(case: Case) -> Hit | None:
         # NB: log(0)'s -inf discarded in the forward (a gather of the target's column, a
         # zero weight in nll_loss); the backward of log divides by the same 0: 0/0 = NaN
         producer = case.made_by(PROBABILITIES, feeds="other")
-        feeds = case.input("other")
-        zeros = feeds.zeros if feeds is not None else 0
+        zeros = case.divisor.zeros if case.divisor is not None else 0
         hit = _hit(case, producer, zeros, f"the backward of {case.evidence.backward_of}")
         if hit is not None:
             hit.evidence.append("log's gradient is 1/x: at x = 0 it is 0/0 = NaN, or inf")
