@@ -46,6 +46,8 @@ def model_output(model, batch):
 def output_loss(model, batch):
     model(batch["x"])
     return Output(None).loss
+def samples():  # a map-style dataset, not wrapped in a DataLoader
+    return torch.utils.data.TensorDataset(torch.randn(4, 8), torch.randint(0, 3, (4,)))
 def make_sgd(params, lr=0.1):
     return torch.optim.SGD(params, lr=lr)
 class TupleOut(torch.nn.Module):
@@ -118,6 +120,7 @@ CASES = [
     ("no parameters", BASE.replace("train.py:build_model", "extra.py:no_params"), 2, "no trainable parameters"),
     ("empty data", BASE.replace("train.py:build_data", "train.py:no_data"), 2, "data: yielded no batches"),
     ("data not iterable", BASE.replace("train.py:build_data", "train.py:not_iterable"), 2, "expected an iterable of batches"),
+    ("a dataset of samples", BASE.replace("train.py:build_data", "extra.py:samples"), 2, "data: returned a TensorDataset, a dataset of samples; expected batches\nhint: return torch.utils.data.DataLoader(dataset, batch_size=...)"),
     ("non-tensor batches", BASE.replace("train.py:build_data", "extra.py:strings"), 2, "default loss expects batches (x, y); got a str"),
     ("mismatched shapes", BASE.replace("train.py:build_data", "extra.py:wrong_width"), 3, "loss (step 0) raised RuntimeError: mat1 and mat2 shapes"),
     ("loss not a tensor", BASE + "loss: extra.py:a_float\n", 2, "loss: returned a float, expected a scalar torch.Tensor\nhint: return the loss tensor, not `loss.item()`"),

@@ -100,3 +100,48 @@ def test_with_accumulation_a_step_is_n_consecutive_batches_across_epochs():
         (12, MicroBatches((4, 0))),  # the last group of an epoch runs on into the next
         (13, MicroBatches((1, 2))),
     ]
+
+
+class Samples(torch.utils.data.Dataset):
+    """A map-style dataset: one (x, y) sample per index."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i >= 4:
+            raise IndexError(i)
+        return torch.randn(8), torch.tensor(i % 2)
+
+
+def test_a_map_style_dataset_is_refused_with_the_dataloader_to_return():
+    # iterated as it is, each "batch" would be one unbatched sample
+    with pytest.raises(ConfigError, match="data: returned a Samples, a dataset of samples") as e:
+        take(BatchStream(Samples, seed=0), 1)
+    assert "DataLoader(dataset, batch_size=...)" in (e.value.hint or "")
+
+
+def test_the_dataloader_of_that_dataset_is_batches():
+    loader = lambda: torch.utils.data.DataLoader(Samples(), batch_size=2)  # noqa: E731
+    (_, (x, y)), _ = take(BatchStream(loader, seed=0), 2)
+    assert x.shape == (2, 8) and y.shape == (2,)
+
+
+def test_an_iterable_dataset_may_yield_batches():
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([torch.zeros(2, 8), torch.ones(2, 8)])
+
+    assert [b.shape for _, b in take(BatchStream(Batches, seed=0), 2)] == [(2, 8), (2, 8)]
+
+
+def test_a_hugging_face_dataset_of_examples_is_refused_but_not_a_users_datasets_folder():
+    class Dataset:  # stands for datasets.Dataset (not installed here): items are examples
+        def __iter__(self):
+            return iter([{"x": [1.0]}])
+
+    Dataset.__module__ = "datasets.arrow_dataset"
+    with pytest.raises(ConfigError, match="data: returned a Dataset, a dataset of samples"):
+        take(BatchStream(Dataset, seed=0), 1)
+    Dataset.__module__ = "datasets.mine"  # the user's own package named `datasets`
+    assert take(BatchStream(Dataset, seed=0), 1) == [(0, {"x": [1.0]})]

@@ -4,9 +4,11 @@ fingerprints is injected here; tests/test_distributed.py runs the real one on 2 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from nandoctor.errors import ConfigError
 from nandoctor.setup.sharding import Sharder, fingerprint
 
 
@@ -89,3 +91,10 @@ def test_peeking_at_a_shuffled_loader_leaves_the_rng_as_it_was():
     torch.manual_seed(3)
     Sharder(0, 2, lambda mine: [mine, "another"]).split(loader)
     assert torch.equal(torch.rand(1), expected)
+
+
+def test_a_dataset_of_samples_is_refused_before_its_samples_are_dealt_out_as_batches():
+    samples = TensorDataset(torch.randn(4, 3), torch.arange(4))
+    sharder = Sharder(1, 2, _as_if(samples[0]))
+    with pytest.raises(ConfigError, match="a dataset of samples; expected batches"):
+        sharder.split(samples)

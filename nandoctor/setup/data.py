@@ -54,6 +54,7 @@ class BatchStream:
             if not _is_iterable(self._first):
                 kind = type(self._first).__name__
                 raise ConfigError(f"data: returned a {kind}, expected an iterable of batches")
+            refuse_a_dataset_of_samples(self._first)
         return self._first
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
@@ -117,6 +118,33 @@ def _set_epoch(source: Any, epoch: int) -> None:
     sampler = getattr(source, "sampler", None)
     if isinstance(sampler, torch.utils.data.DistributedSampler):
         sampler.set_epoch(epoch)
+
+
+# NB: the modules, not the package: a user's own folder may well be called `datasets`
+_HF_DATASET_MODULES = (
+    "datasets.arrow_dataset",
+    "datasets.iterable_dataset",
+    "datasets.dataset_dict",
+)
+
+
+def refuse_a_dataset_of_samples(data: Any) -> None:
+    """A map-style dataset iterates one sample at a time (by index, until IndexError), not
+    one batch: stepped as it is, every step would train on a single unbatched sample, or the
+    loss would raise on its shape and seem to be at fault. The DataLoader the user's loop
+    wraps it in is what makes the batches. Likewise a Hugging Face `datasets` dataset
+    (map-style or iterable), whose items are examples."""
+    kind = type(data)
+    from_datasets = kind.__module__ in _HF_DATASET_MODULES
+    map_style = isinstance(data, torch.utils.data.Dataset) and not isinstance(
+        data, torch.utils.data.IterableDataset
+    )
+    if map_style or from_datasets:
+        raise ConfigError(
+            f"data: returned a {kind.__name__}, a dataset of samples; expected batches",
+            hint="return torch.utils.data.DataLoader(dataset, batch_size=...), as your loop "
+            "iterates it (a dataset whose items are already batches: batch_size=None)",
+        )
 
 
 def _is_iterable(obj: Any) -> bool:

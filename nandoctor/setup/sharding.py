@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
+from nandoctor.setup.data import refuse_a_dataset_of_samples
+
 Gather = Callable[[Any], list[Any]]
 
 
@@ -59,6 +61,7 @@ class Sharder:
         self.how: str | None = None
 
     def split(self, data: Any) -> Iterable[Any]:
+        refuse_a_dataset_of_samples(data)  # NB: before its samples are dealt out as batches
         if isinstance(data, DataLoader) and isinstance(data.sampler, DistributedSampler):
             self.how = "sampler"  # the user's own: the job's own split
             return data
