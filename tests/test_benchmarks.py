@@ -119,3 +119,15 @@ def test_a_time_to_diagnosis_shows_the_median_of_its_pairs_with_their_range():
     assert _paired({"ratio": 1.2, "ratios": [1.1, 1.2, 1.4]}) == "1.20x (1.10–1.40)"
     assert _paired({"ratio": 1.2, "ratios": [1.2]}) == "1.20x"  # one pair: no range
     assert _paired({"ratio": 1.2}) == "1.20x"  # results from before the pairs
+
+
+def test_the_short_step_explanation_is_for_misses_beyond_the_noise_only():
+    def step(workload: str, ms: float, low: float) -> dict:
+        ratio = {"guard": {"median": 1.06, "ci_low": low, "ci_high": 1.1}}
+        return {"workload": workload, "ms": {"plain": {"median": ms}}, "ratio": ratio}
+
+    long_noisy, short_real = step("transformer-bf16", 1539.0, 0.9), step("mlp-fp32", 7.9, 1.055)
+    assert "a few tenths of a millisecond" in "\n".join(_missed([long_noisy, short_real]))
+    assert "a few tenths of a millisecond" not in "\n".join(_missed([long_noisy]))
+    real_long = step("transformer-bf16", 1539.0, 1.055)
+    assert "a few tenths of a millisecond" not in "\n".join(_missed([real_long, short_real]))
