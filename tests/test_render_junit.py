@@ -89,3 +89,20 @@ def test_with_fail_on_divergence_a_steady_run_passes_the_divergence_case(tmp_pat
     suite, by_name = cases(render_junit(report, divergence_fails=True))
     assert by_name["no divergence"].find("failure") is None
     assert (suite.get("tests"), suite.get("failures")) == ("2", "0")
+
+
+def test_a_run_the_users_code_ended_is_an_error_not_a_pass(tmp_path):
+    """`sys.exit` in the loss at step 5 (exit 3): the dashboard must not show green."""
+    report = failing_report(tmp_path)
+    report.status, report.first_nonfinite = "error", None
+    suite, by_name = cases(render_junit(report))
+    assert by_name["finite run"].find("error") is not None
+    assert by_name["finite run"].find("system-out") is None
+    assert (suite.get("errors"), suite.get("failures")) == ("1", "0")
+
+
+def test_a_comparison_whose_dtype_ended_in_an_error_says_so():
+    comparison = comparison_of(("float16", "error", None), ("bfloat16", "healthy", None))
+    suite, by_name = cases(render_comparison_junit(comparison))
+    assert by_name["float16"].find("error") is not None
+    assert (suite.get("errors"), suite.get("failures")) == ("1", "0")

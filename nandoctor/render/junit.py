@@ -34,6 +34,9 @@ def render_comparison_junit(comparison: Comparison, seconds: float = 0.0) -> str
         if run.status == "interrupted":  # NB: nothing went non-finite: not a failure
             cases.append(_case(run.dtype, f"interrupted after {steps}", False, skipped=True))
             continue
+        if run.status == "error":  # NB: the user's code ended it: neither finite nor NaN
+            cases.append(_case(run.dtype, f"ended by an error after {steps}", False, error=True))
+            continue
         failed = run.status != "healthy"
         where = f"non-finite at step {run.first_nonfinite_step}, phase {run.first_nonfinite_phase}"
         message = where if failed else f"{steps} stayed finite"
@@ -47,7 +50,7 @@ def _document(command: str, run: str, cases: list[ET.Element], seconds: float) -
         name=f"nandoctor {command}",
         tests=str(len(cases)),
         failures=str(sum(c.find("failure") is not None for c in cases)),
-        errors="0",
+        errors=str(sum(c.find("error") is not None for c in cases)),
         skipped=str(sum(c.find("skipped") is not None for c in cases)),
         time=f"{seconds:.3f}",
     )
@@ -62,6 +65,9 @@ def _document(command: str, run: str, cases: list[ET.Element], seconds: float) -
 
 def _finite_case(report: Report) -> ET.Element:
     first = report.first_nonfinite
+    if first is None and report.status == "error":  # NB: the run ended early (exit 3): an
+        # error, as the exit code says, never a pass on the steps it ran
+        return _case("finite run", report.summary, False, error=True)
     if first is None:  # NB: an interrupted run is not known finite: skipped, not passed
         return _case("finite run", report.summary, False, skipped=report.status == "interrupted")
     message = f"non-finite at step {first.step}, phase {first.phase}"
@@ -82,10 +88,17 @@ def _divergence_case(report: Report) -> ET.Element:
 
 
 def _case(
-    name: str, message: str, failed: bool, details: str | None = None, skipped: bool = False
+    name: str,
+    message: str,
+    failed: bool,
+    details: str | None = None,
+    skipped: bool = False,
+    error: bool = False,
 ) -> ET.Element:
     case = ET.Element("testcase", name=name)
-    if failed:
+    if error:
+        ET.SubElement(case, "error", message=message, type="nandoctor").text = message
+    elif failed:
         failure = ET.SubElement(case, "failure", message=message, type="nandoctor")
         failure.text = details or message
     elif skipped:
