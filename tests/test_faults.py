@@ -238,12 +238,13 @@ def test_a_global_setting_the_users_code_changed_is_reported(folder):
 
 # (name, the --json path given, relative to the folder; what it is)
 INPUTS = [
-    ("a symlink to the checkpoint", "ckpt-link", "checkpoint"),
-    ("the config", "config.yaml", "config"),
-    ("a source file it names", "train.py", "model source train.py"),
-    ("the checkpoint", "start.pt", "checkpoint"),
-    ("a symlink to the config", "link.json", "config"),
-    ("an imported module's file", "faults.py", "source file (module faults)"),
+    ("a symlink to the checkpoint", "ckpt-link", "the run's checkpoint"),
+    ("the config", "config.yaml", "the run's config"),
+    ("a source file it names", "train.py", "the run's model source train.py"),
+    ("the checkpoint", "start.pt", "the run's checkpoint"),
+    ("a symlink to the config", "link.json", "the run's config"),
+    # NB: refused before the run, which has not imported it yet: as any Python source
+    ("an imported module's file", "faults.py", "a Python source file"),
 ]
 
 
@@ -256,7 +257,7 @@ def test_a_report_never_overwrites_the_runs_own_files(folder, name, target, what
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     result = diagnose(str(config), "--json", target)
     assert result.exit_code == 2, result.output
-    assert f"is the run's {what}; refusing to overwrite it" in result.output
+    assert f"is {what}; refusing to overwrite it" in result.output
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
 
 
@@ -556,3 +557,15 @@ def test_a_killed_rank_ends_the_job_with_exit_3_naming_it(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "rank 1 died: killed by SIGKILL" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["diagnose", "baseline"])
+def test_a_report_never_overwrites_python_source_even_one_the_run_does_not_import(folder, command):
+    (folder / "evaluate.py").write_text("print('my evaluation script')\n")
+    option = "--out" if command == "baseline" else "--json"
+    result = runner.invoke(app, [command, str(configured(folder)), option, "evaluate.py"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "--" in result.output and "evaluate.py: is a Python source file; refusing" in result.output
+    )
+    assert (folder / "evaluate.py").read_text() == "print('my evaluation script')\n"

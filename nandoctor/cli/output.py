@@ -46,6 +46,9 @@ def resolved(path: str) -> str:
     return path if path == "-" else os.path.abspath(path)
 
 
+_SOURCE_SUFFIXES = (".py", ".pyi", ".ipynb")
+
+
 def check_writable(path: str, option: str) -> None:
     """Fail before a long run, not after it, when a report could not be written: a file
     is created in the folder and removed again (permissions alone do not say it: root
@@ -82,18 +85,13 @@ def check_not_input(path: str | None, option: str, inputs: dict[str, Path]) -> N
                 f"{option} {path}: is the run's {what}; refusing to overwrite it",
                 hint="write the report to a new file",
             )
-
-
-def _loaded_source(target: Path) -> dict[str, Path]:
-    """`target` as a source file of the run, when it is the file of an imported module
-    (a user's `train.py` named by its module, `pkg.train:build_model`)."""
-    if target.suffix != ".py" or not target.is_file():
-        return {}
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and os.path.exists(file) and os.path.samefile(file, target):
-            return {f"source file (module {module.__name__})": Path(file)}
-    return {}
+    if target.suffix in _SOURCE_SUFFIXES and target.is_file():
+        # NB: one the run does not import (another script; a module of the process
+        # `watch` runs) is someone's code all the same: no report is a .py
+        raise UsageError(
+            f"{option} {path}: is a Python source file; refusing to overwrite it",
+            hint="write the report to a new file",
+        )
 
 
 def write_text(path: str, text: str, option: str = "output") -> None:
@@ -108,7 +106,7 @@ def write_bytes(path: str, data: bytes, option: str = "output") -> None:
             _write_stdout(data)
             return
         check_writable(path, option)
-        check_not_input(path, option, _loaded_source(Path(path)))
+        check_not_input(path, option, {})  # NB: a .py made since the run started
         _write_file(Path(path), data)
     except OSError as e:
         raise UsageError(f"{option} {path}: cannot write the report: {_reason(e)}") from None
