@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from nandoctor.cli import app
@@ -55,3 +56,11 @@ def test_junit_has_one_case_per_dtype(project, tmp_path):
     cases = {c.get("name"): c for c in suite.iter("testcase")}
     assert set(cases) == {"float32", "bfloat16"}
     assert cases["bfloat16"].find("failure").get("message") == "non-finite at step 1, phase input"
+
+
+@pytest.mark.parametrize("dtypes", [[], ["--dtype", "fp32"]], ids=["none", "its own"])
+def test_a_comparison_with_nothing_to_compare_against_is_a_usage_error(project, dtypes):
+    # one dtype's run cannot say that changing the dtype will not help
+    result = runner.invoke(app, ["compare", str(project(base_config())), *dtypes])
+    assert result.exit_code == 2, result.output
+    assert "compare: nothing to compare the config's float32 with" in result.output

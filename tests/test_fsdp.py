@@ -326,9 +326,10 @@ def test_a_healthy_fsdp_run_exits_0_passes_its_baselines_gate_and_trains_as_ddp_
 
 @pytest.mark.slow
 def test_compare_runs_an_fsdp_config_as_one_job_and_rank_0_writes_it(tmp_path):
-    proc = _nandoctor(tmp_path, "compare", "--json", "compare.json")
+    proc = _nandoctor(tmp_path, "compare", "--dtype", "bf16", "--json", "compare.json")
     assert proc.returncode == 0, proc.stderr
     runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
     assert [(r["dtype"], r["status"], r["steps_completed"]) for r in runs] == [
-        ("float32", "healthy", 6)
+        ("float32", "healthy", 6),
+        ("bfloat16", "healthy", 6),
     ]

@@ -13,6 +13,7 @@ from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.diagnose import launch_ranks
 from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
+from nandoctor.errors import UsageError
 
 if TYPE_CHECKING:
     from nandoctor.render.terminal import StepProgress
@@ -63,6 +64,12 @@ def compare(
         steps=steps, device=device, seed=seed, autocast_policy=autocast_policy
     )
     options.protect_inputs(outputs, loaded)
+    own = loaded.config.precision.dtype
+    if all(d == own for d in dtypes):  # NB: one dtype's run says nothing about the others
+        raise UsageError(
+            f"compare: nothing to compare the config's {own} with",
+            hint="name another dtype: --dtype bf16 (repeatable: --dtype bf16 --dtype fp32)",
+        )
     nproc = loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
         return launch_ranks(nproc)
