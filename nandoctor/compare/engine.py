@@ -77,7 +77,7 @@ def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareR
     session = build_session(loaded)
     if on_run is not None:
         on_run(name, session)
-    headroom = HeadroomProbe(session.model)
+    headroom = HeadroomProbe(session.model, session.dtype)
     result = fast_run(session, loaded.config.steps, on_step=on_step, probe=headroom, thorough=True)
     return _summary(name, session, result, headroom), result.status == "interrupted"
 

@@ -88,7 +88,7 @@ def diagnose(
         every=loaded.config.snapshot.steps,
         agree=ranks.largest if ranks is not None else None,
     )
-    headroom = HeadroomProbe(session.model) if _measures(options) else None
+    headroom = HeadroomProbe(session.model, session.dtype) if _measures(options) else None
     lrs = LrHistory()  # the rate each step ran with, for learning-rate-too-high
     budget = options.time_budget
     deadline = time.perf_counter() + budget if budget is not None else None

@@ -6,6 +6,11 @@ each peak happened. The peaks are kept on the device (`torch.maximum` and `torch
 no host read) and read once at the end, so the probe adds kernels but no synchronisation.
 Used by `compare` and `baseline`; not by the sentinel's fast path.
 
+In a float16 run only float16 tensors count: what autocast keeps in float32 (the loss, an
+embedding's output, and the loss's gradient, which is the GradScaler's scale itself:
+65536 at the start) never has to fit in float16. Any other run measures every floating
+tensor, as a forecast of what float16 would have to hold.
+
     blocks.3.mlp.fc2  activation 65504 (100% of float16's range) at step 411
 """
 
@@ -48,8 +53,9 @@ class _Peak:
 class HeadroomProbe(Probe):
     forward_phase = False  # NB: its own hooks see every module's output
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         self.model = model
+        self._only = dtype if dtype == torch.float16 else None  # NB: the run's dtype
         self._acts: dict[str, _Peak] = {}
         self._grads: dict[str, _Peak] = {}
         self._types = {name: class_name(m) for name, m in model.named_modules()}
@@ -73,6 +79,8 @@ class HeadroomProbe(Probe):
     def _on_output(self, name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             for t in floating(output):
+                if self._only is not None and t.dtype != self._only:
+                    continue
                 self._acts.setdefault(name, _Peak()).update(t, self._step)
                 if t.requires_grad:
                     step = self._step
