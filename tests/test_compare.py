@@ -104,3 +104,35 @@ def test_runs_are_reproducible(project):
     b = compare(load_config(project(base_config(steps=8))), ["bf16"])
     for x, y in zip(a.runs, b.runs, strict=True):
         assert x.telemetry.loss == y.telemetry.loss and x.headroom == y.headroom
+
+
+HIDDEN_NAN = """
+import torch
+from torch import nn
+
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
+
+
+def build_data():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(8)]
+
+
+def sqrt_loss(model, batch):
+    x, y = batch
+    out = model(x).float()
+    distance = torch.sqrt(((out - out.detach()) ** 2).sum())  # sqrt at 0: NaN gradients
+    return ((out - y) ** 2).mean() + distance
+"""
+
+
+def test_a_nan_the_grad_scaler_skips_is_the_float16_runs_failure_not_health(project):
+    # the scaler skips every step (NaN gradients at any scale): rechecked at loss scale 1,
+    # as diagnose does, step 0 is the failure, where unchecked skips looked healthy
+    config = base_config(loss="train.py:sqrt_loss", precision={"dtype": "float16"}, steps=8)
+    comparison = compare(load_config(project(config, HIDDEN_NAN)), ["bf16"])
+    float16 = comparison.runs[0]
+    assert (float16.dtype, float16.status) == ("float16", "nonfinite")
+    assert (float16.first_nonfinite_step, float16.first_nonfinite_phase) == (0, "backward")

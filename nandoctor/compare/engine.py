@@ -19,6 +19,7 @@ from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparis
 from nandoctor.report.types import Tool
 from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run
 from nandoctor.runtime.headroom import HeadroomProbe
+from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.setup import distributed
 from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, resolve_device
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
@@ -78,7 +79,14 @@ def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareR
     if on_run is not None:
         on_run(name, session)
     headroom = HeadroomProbe(session.model, session.dtype)
-    result = fast_run(session, loaded.config.steps, on_step=on_step, probe=headroom, thorough=True)
+    # NB: the snapshots let each GradScaler skip be rechecked at loss scale 1, as diagnose
+    # does: a NaN the scaler hides is this dtype's failure, not a healthy run
+    ranks = session.ranks
+    every, agree = loaded.config.snapshot.steps, ranks.largest if ranks is not None else None
+    store = SnapshotStore(session, every=every, agree=agree)
+    result = fast_run(
+        session, loaded.config.steps, on_step=on_step, probe=headroom, store=store, thorough=True
+    )
     return _summary(name, session, result, headroom), result.status == "interrupted"
 
 
