@@ -17,9 +17,8 @@ import torch
 from nandoctor.compare.verdict import compare_verdict
 from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparison
 from nandoctor.report.types import Tool
-from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run
+from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run, snapshot_store
 from nandoctor.runtime.headroom import HeadroomProbe
-from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.setup import distributed
 from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, resolve_device
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
@@ -81,11 +80,13 @@ def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareR
     headroom = HeadroomProbe(session.model, session.dtype)
     # NB: the snapshots let each GradScaler skip be rechecked at loss scale 1, as diagnose
     # does: a NaN the scaler hides is this dtype's failure, not a healthy run
-    ranks = session.ranks
-    every, agree = loaded.config.snapshot.steps, ranks.largest if ranks is not None else None
-    store = SnapshotStore(session, every=every, agree=agree)
     result = fast_run(
-        session, loaded.config.steps, on_step=on_step, probe=headroom, store=store, thorough=True
+        session,
+        loaded.config.steps,
+        on_step=on_step,
+        probe=headroom,
+        store=snapshot_store(session),
+        thorough=True,
     )
     return _summary(name, session, result, headroom), result.status == "interrupted"
 

@@ -38,7 +38,7 @@ from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
 from nandoctor.report.types import Environment, Report
-from nandoctor.runtime.fast_run import StepCallback, fast_run
+from nandoctor.runtime.fast_run import StepCallback, fast_run, snapshot_store
 from nandoctor.runtime.headroom import HeadroomProbe
 from nandoctor.runtime.probe import Probes
 from nandoctor.runtime.rerun import SessionSteps
@@ -83,11 +83,7 @@ def diagnose(
     if on_session is not None:
         on_session(session)
     ranks = session.ranks
-    store = SnapshotStore(
-        session,
-        every=loaded.config.snapshot.steps,
-        agree=ranks.largest if ranks is not None else None,
-    )
+    store = snapshot_store(session)
     headroom = HeadroomProbe(session.model, session.dtype) if _measures(options) else None
     lrs = LrHistory()  # the rate each step ran with, for learning-rate-too-high
     budget = options.time_budget

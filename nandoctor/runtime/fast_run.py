@@ -86,9 +86,18 @@ def fast_run(
     return result
 
 
+def snapshot_store(session: Session) -> SnapshotStore:
+    """The store of a run nandoctor drives (`diagnose`, `compare`): a snapshot every
+    `snapshot.steps` of its config (decided from the state's size when unset), at the
+    period every rank of a data-parallel job agrees on."""
+    ranks = session.ranks
+    agree = ranks.largest if ranks is not None else None
+    return SnapshotStore(session, every=session.config.snapshot.steps, agree=agree)
+
+
 def _finite_batch(batch: object) -> bool:
     tensors = [t for t in floating(batch) if not t.is_meta]
     return not tensors or not bool(nonfinite(tensors, tensors[0].device))
 
 
-__all__ = ["RunResult", "StepCallback", "fast_run"]
+__all__ = ["RunResult", "StepCallback", "fast_run", "snapshot_store"]
