@@ -112,7 +112,7 @@ def test_registry_order_puts_heuristics_last():
     assert sorted(ORDER) == sorted(CHECKS), "every check has its place in docs and SARIF"
     severities = [c.severity.rank for c in all_checks().values()]
     assert severities[-2:] == [Severity.INFO.rank, Severity.INFO.rank]
-    assert CHECK_IDS[:2] == ["log-of-softmax", "clip-before-unscale"]
+    assert CHECK_IDS[:3] == ["log-of-softmax", "log-of-zero", "clip-before-unscale"]
 
 
 def test_findings_point_at_the_offending_call():

@@ -28,7 +28,14 @@ def test_a_softmax_travels_through_names_views_and_gathers():
 
 def test_rebinding_forgets_and_branches_read_in_order():
     code = "import torch\np = torch.softmax(z, -1)\np = torch.sigmoid(z)\np\n"
-    assert kinds_of(code, "p") == {Kind.POSITIVE}
+    assert kinds_of(code, "p") == {Kind.POSITIVE, Kind.SIGMOID}
+
+
+def test_one_minus_a_sigmoid_is_its_complement():
+    code = "import torch\np = torch.sigmoid(z)\nq = 1 - p\nr = 2 - p\ns = p.sum()\nq, r, s\n"
+    assert kinds_of(code, "q") == {Kind.COMPLEMENT}
+    assert kinds_of(code, "r") == set()
+    assert Kind.SIGMOID not in kinds_of(code, "s")  # a sum of sigmoids is no probability
 
 
 def test_an_added_constant_is_an_epsilon():

@@ -23,12 +23,15 @@ INFO = entry(
     than ~17.3 in float16 (exp(-18) ~ 1.5e-8 is below the smallest float16 value, 6e-8) or
     ~104 in float32. log(0) is -inf; times a zero target it is NaN, and the backward of log
     divides by that 0. `log_softmax` computes `x - logsumexp(x)` directly, so it never forms
-    the 0: a logit 1000 below the top just gives a log-probability of -1000.
+    the 0: a logit 1000 below the top just gives a log-probability of -1000. A sigmoid's
+    probability underflows the same way: to exactly 0 below z ~ -17.3 in float16 (~ -88.7
+    in bfloat16 and float32).
     """,
     fix="""
     Use `F.cross_entropy(logits, target)`, or `F.log_softmax(logits, dim=-1)` where you need
     the log-probabilities: they compute `x - logsumexp(x)` and never take the log of a
-    probability that underflowed to 0.
+    probability that underflowed to 0. For a sigmoid, `F.binary_cross_entropy_with_logits`
+    on the logits, or `F.logsigmoid(z)`.
     """,
     before="""
     probs = torch.softmax(logits, dim=-1)

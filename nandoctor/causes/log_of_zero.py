@@ -20,8 +20,9 @@ INFO = entry(
     explanation="""
     log(0) is -inf and 1/0 is inf in every dtype, and the backward of log(x) is 1/x, so even
     a loss that stays finite can send an inf gradient. The zeros come from ReLU outputs,
-    sigmoid(x) for x below about -17 in float16 (-104 in float32), empty masks and padding.
-    An epsilon helps only if the dtype can hold it: `1e-8` is exactly 0 in float16.
+    empty masks, padding, and `1 - sigmoid(z)`: the sigmoid rounds to exactly 1 once z
+    passes ~8.3 in float16 (~6.2 in bfloat16, ~16.6 even in float32). An epsilon helps only
+    if the dtype can hold it: `1e-8` is exactly 0 in float16.
     """,
     fix="""
     Stay in log space with the fused op (`F.binary_cross_entropy_with_logits`,

@@ -6,7 +6,7 @@ that is read, the tags of the value last assigned to it in that function:
     probs = F.softmax(logits, -1)          probs: {SOFTMAX}
     p = probs.gather(1, y[:, None])        p:     {SOFTMAX}   (views and gathers keep it)
     loss = -torch.log(p + 1e-8).mean()     the check sees SOFTMAX_EPS inside the log
-    probs = torch.sigmoid(z)               probs: {}          (rebinding forgets)
+    probs = torch.sigmoid(z)               probs: {SIGMOID}   (rebinding forgets the softmax)
     ptdtype = {"fp16": torch.float16, ...}[dtype]   ptdtype: {FLOAT16}   (one of its choices)
 
 It is deliberately simple: branches are read in source order, the last assignment wins,
@@ -180,6 +180,8 @@ def _binop(flow: Flow, node: ast.BinOp) -> Tags:
         return inf | {Tag(Kind.SQUARES, node)}
     if isinstance(node.op, ast.Div) and Kind.EXP in kinds(left) and _sum_of_exp(right):
         return inf | {Tag(Kind.SOFTMAX, node)}  # e / e.sum(): a softmax written by hand
+    if isinstance(node.op, ast.Sub) and flow.const(node.left) == 1 and Kind.SIGMOID in kinds(right):
+        return inf | {Tag(Kind.COMPLEMENT, node)}
     return inf
 
 
@@ -286,7 +288,9 @@ def _math_tags(flow: Flow, call: ast.Call, name, method, receiver) -> Tags:
         return frozenset({Tag(Kind.CLAMPED, call)})
     if short in ("exp", "exp_"):
         return frozenset({Tag(Kind.EXP, call)})
-    if short in ("sigmoid", "sigmoid_", "softplus"):
+    if short in ("sigmoid", "sigmoid_", "expit"):
+        return frozenset({Tag(Kind.POSITIVE, call), Tag(Kind.SIGMOID, call)})
+    if short == "softplus":
         return frozenset({Tag(Kind.POSITIVE, call)})
     if short in ("square", "square_") or (short in ("pow", "pow_") and _power(flow, call) == 2.0):
         return frozenset({Tag(Kind.SQUARES, call)})

@@ -127,6 +127,14 @@ def log_input(src: Source, call: ast.Call) -> ast.expr | None:
     return method_receiver(src, call, LOG_METHODS)
 
 
+def log_name(src: Source, call: ast.Call) -> str:
+    """How the code spells its log: `torch.log`, `F.log`... or `.log()`."""
+    name = src.qualname(call.func)
+    if name is not None:
+        return name.replace("torch.nn.functional", "F")
+    return f".{call.func.attr}()" if isinstance(call.func, ast.Attribute) else "log"
+
+
 def is_clip(src: Source, call: ast.Call) -> bool:
     """torch's own gradient clipping (not `accelerator.clip_grad_norm_`, which unscales)."""
     return qualname(src, call) in CLIP

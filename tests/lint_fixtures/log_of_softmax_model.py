@@ -35,7 +35,7 @@ for data, target in loader:
     loss = F.nll_loss(torch.log(output), target)  # expect: log-of-softmax
     confidence = torch.log(predict(model, data)).max()  # expect: log-of-softmax
     fine = F.nll_loss(F.log_softmax(plain(data), dim=1), target)
-    also_fine = torch.log(plain(data).sigmoid())
+    gate = torch.log(plain(data).sigmoid())  # expect: log-of-softmax
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

@@ -63,3 +63,10 @@ def module_built_inline(x, y):
 
 probs = F.softmax(torch.randn(4, 3), dim=-1)
 loss = -torch.log(probs).mean()  # expect: log-of-softmax
+
+
+def handwritten_binary_cross_entropy(logits, y):
+    p = torch.sigmoid(logits)
+    pos = y * torch.log(p)  # expect: log-of-softmax
+    neg = (1 - y) * torch.log(1 - p)  # expect: log-of-zero
+    return -(pos + neg).mean() + torch.log(1.0 - logits.sigmoid()).sum()  # expect: log-of-zero

@@ -12,11 +12,13 @@ from nandoctor.lint.checks import (  # noqa: F401  (each module registers its ch
     fp16_without_grad_scaler,
     fully_masked_softmax,
     log_of_softmax,
+    log_of_zero,
     nondifferentiable_point,
 )
 
 ORDER = (
     "log-of-softmax",
+    "log-of-zero",
     "clip-before-unscale",
     "exploding-gradients",
     "fp16-without-grad-scaler",
