@@ -24,7 +24,9 @@ INFO = entry(
     title="updates too large for the weights",
     explanation="""
     When each update is a sizeable fraction of the weight it changes (an update-to-weight
-    ratio above ~1e-2 per step, where ~1e-3 is healthy), the loss climbs instead of falling,
+    ratio of a few per cent per step, where ~1e-3 is healthy; nandoctor counts a last update
+    of 3% or more as evidence, as Adam's first steps on small weights can reach 1-2%), the
+    loss climbs instead of falling,
     weights and activations grow, and the first op that leaves the dtype's range produces
     inf. The failing step is only where the divergence became visible: the loss curve rises
     tens or hundreds of steps before it.
@@ -49,6 +51,7 @@ INFO = entry(
 MIN_RISE_STEPS = 5  # a loss rise counts when it lasted this many steps: more than a blip
 JUMP = 10.0  # a scheduler that multiplied the rate this much in one step...
 RECENT = 50  # ...within this many steps before the failure is evidence on its own
+LARGE_UPDATE = 0.03  # a last update that moved the weights by this share of their norm
 
 
 def learning_rate_too_high(case: Case) -> Hit | None:
@@ -64,7 +67,7 @@ def learning_rate_too_high(case: Case) -> Hit | None:
         )
         confidence = max(confidence, 0.8)
     update = case.evidence.update
-    if update is not None and update.ratio >= 0.03:
+    if update is not None and update.ratio >= LARGE_UPDATE:
         evidence.append(_update(update))
         confidence = (
             min(0.95, confidence + 0.1) if confidence else (0.5 if update.ratio >= 0.1 else 0.35)
@@ -101,11 +104,16 @@ def _loss_rise(case: Case, evidence: list[str]) -> float:
 def _update(update: UpdateRatio) -> str:
     last = f"step {update.step}, the last update before the failure,"
     if not math.isfinite(update.ratio):
-        return f"{last} overflowed the weights ({update.largest_param} among them)"
+        return f"{last} left the weights non-finite ({update.largest_param} among them)"
     return (
-        f"{last} moved the weights by {update.ratio:.1%} of their norm ({update.largest:.1%} "
-        f"for {update.largest_param}); about 0.1% is typical"
+        f"{last} moved the weights by {_share(update.ratio)} their norm "
+        f"({_share(update.largest)} for {update.largest_param}); about 0.1% is typical"
     )
+
+
+def _share(ratio: float) -> str:
+    """`14.2% of` a step's share of the weights' norm; `1.47e+10x` once it is huge."""
+    return f"{ratio:.1%} of" if ratio < 10 else f"{ratio:.3g}x"
 
 
 def _recent_jump(case: Case) -> LrJump | None:

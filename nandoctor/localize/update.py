@@ -8,6 +8,7 @@ latest step that moved anything (a step the GradScaler skipped moves nothing).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -21,7 +22,12 @@ ParamsBefore = Sequence[tuple[nn.Parameter, torch.Tensor]]  # each parameter, an
 
 
 def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRatio:
-    """||w_after - w_before|| / ||w_before||, over all parameters and for the largest one."""
+    """||w_after - w_before|| / ||w_before||, over all parameters and for the largest one.
+
+    NB: in float64: a diverging run's float32 weights grow past ~1e19, where float32
+    squares overflow, and an infinite ratio would claim the update broke weights that are
+    still finite. An update that did leave weights non-finite has an infinite ratio; with
+    weights already non-finite before it the ratio is NaN (no update measured)."""
     names = {id(p): n for n, p in model.named_parameters()}
     deltas, norms, ratios = [], [], []
     for p, b in before:
@@ -32,10 +38,15 @@ def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRat
         deltas.append(d)
         norms.append(n)
         ratios.append(d / n.clamp_min(1e-12))
-    ratio = (torch.stack(deltas).norm() / torch.stack(norms).norm().clamp_min(1e-12)).item()
-    per = torch.stack(ratios).nan_to_num(posinf=float("inf")).tolist()
+    norm = torch.stack(norms).norm()
+    ratio = (torch.stack(deltas).norm() / norm.clamp_min(1e-12)).item()
+    per = torch.stack(ratios).nan_to_num(nan=math.inf).tolist()  # NB: NaN after: broken
     i = max(range(len(per)), key=lambda k: per[k])
     largest = names.get(id(before[i][0]), "?")
+    if not norm.isfinite():
+        ratio = math.nan  # the weights were non-finite before the step: nothing measured
+    elif not math.isfinite(ratio) or per[i] == math.inf:
+        ratio = math.inf
     return UpdateRatio(step=step, ratio=ratio, largest=per[i], largest_param=largest)
 
 
@@ -59,10 +70,10 @@ class UpdateTracker:
         if before is None or model is None:
             return
         ratio = update_ratio(model, step, before)
-        if ratio.ratio > 0:
+        if ratio.ratio > 0:  # NB: not NaN: the weights were non-finite before the step
             self.latest = ratio
 
 
 def _real(t: torch.Tensor) -> torch.Tensor:
-    """A weight as real float32 numbers (a complex one: its real and imaginary parts)."""
-    return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).float()
+    """A weight as real float64 numbers (a complex one: its real and imaginary parts)."""
+    return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).double()

@@ -76,7 +76,7 @@ class ModuleStat:
 class UpdateRatio:
     """How far one optimizer step moved the weights: ||w_after - w_before|| / ||w_before||.
 
-    Around 1e-3 is a healthy step; 1e-2 and above is a large one."""
+    Around 1e-3 is a healthy step; the learning-rate rule counts 3% and above as large."""
 
     step: int
     ratio: float  # over all parameters together

@@ -71,6 +71,7 @@ from nandoctor.runtime.tensors import (
     nonfinite,
     square_sums,
     stacked,
+    wide_norm,
     without_loss,
 )
 
@@ -208,6 +209,7 @@ class Sentinel(Probe):
         self._updated = False  # an optimizer has stepped in this step
         self._aborted: int | None = None  # the step that raised before it ended
         self._scaled = False  # those sums are of gradients that still carry the loss scale
+        self._clipped = False  # the sum is clip's norm, of the gradients before clipping
         self._zeros: dict[torch.device, torch.Tensor] = {}
         self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
         self._checked_params_once = False
@@ -280,6 +282,7 @@ class Sentinel(Probe):
             # gradient accumulation each backward's sums replace the last one's: the
             # gradients add up, so the last are the step's (a non-finite one stays so)
             self._squares, self._host_squares = [], []
+            self._clipped = clip_norm is not None
             if clip_norm is not None:  # NB: float64: its square root is clip's norm again
                 self._squares = [clip_norm.detach().double().square()]
             elif (host := host_square_sums(grads)) is not None:
@@ -359,8 +362,11 @@ class Sentinel(Probe):
             row[_LOSS] = sum(losses) / len(losses)
         if self._grads is not None:
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
+            bad = self._grads_bad(norm)
+            if math.isinf(norm) and not bad and not self._clipped:
+                norm = wide_norm(self._grads)  # NB: finite values whose squares overflowed
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
-            row[_GRADS] = row[_LOCAL_GRADS] = float(self._grads_bad(norm))
+            row[_GRADS] = row[_LOCAL_GRADS] = float(bad)
         if self._batches and (_may_fail(row) or self._aborted is not None):
             batch = [t for b in self._batches for t in floating(b)]
             row[_INPUT] = float(bool(nonfinite(batch, torch.device("cpu"))))

@@ -7,6 +7,8 @@ host is the caller's decision (and its one synchronisation per step). The one ex
 
 from __future__ import annotations
 
+import math
+
 import copy
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -320,6 +322,14 @@ def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.T
         return torch.zeros((), device=device)
     norms = _grouped_norms(tensors, 2.0)
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
+
+
+def wide_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The global L2 norm accumulated in float64, read on the host: finite for any finite
+    float32 values (their squares stay below ~1e77), where float32 squares overflow from
+    ~1e19. Slower than the float32 norm: for the rare step whose float32 norm overflowed."""
+    norms = stacked(_grouped_norms(tensors, 2.0, torch.float64)).tolist() if tensors else []
+    return math.sqrt(math.fsum(n * n for n in norms))
 
 
 def nonfinite(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
