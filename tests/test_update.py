@@ -56,4 +56,3 @@ def test_weights_non_finite_before_the_step_measure_nothing():
         model.weight[0, 0] = math.inf
     before = stepped(model, lambda p: p.add_(0.1))
     assert math.isnan(update_ratio(model, 5, before).ratio)
-

@@ -7,10 +7,9 @@ host is the caller's decision (and its one synchronisation per step). The one ex
 
 from __future__ import annotations
 
-import math
-
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
