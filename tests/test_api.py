@@ -231,11 +231,11 @@ def test_the_with_form_judges_as_diagnose_does_at_the_sentinels_cost(monkeypatch
     import nandoctor.runtime.sentinel as sentinel_module
 
     model, optimizer, batches, _ = tiny_loop()
-    checked: list[int] = []  # NB: `nonfinite` is the exact check: one pass over its tensors
-    real = sentinel_module.nonfinite
-    monkeypatch.setattr(
-        sentinel_module, "nonfinite", lambda ts, d: checked.append(len(ts)) or real(ts, d)
-    )
+    checked: list[int] = []  # NB: the exact checks: one pass over their tensors each
+    for name in ("nonfinite", "nonfinite_data"):  # NB: the batch's spares additive masks
+        real = getattr(sentinel_module, name)
+        counted = lambda ts, d, real=real: checked.append(len(ts)) or real(ts, d)  # noqa: E731
+        monkeypatch.setattr(sentinel_module, name, counted)
 
     def train_step(step, batch):
         x, y = batch

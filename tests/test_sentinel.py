@@ -307,6 +307,37 @@ def test_a_nan_anywhere_in_a_keyword_or_structured_batch_is_the_input_phase():
         assert verdict.failed and verdict.phase is Phase.INPUT, type(batch)
 
 
+def additive_mask(nan: bool = False) -> torch.Tensor:
+    """A 4-D additive attention mask (0 kept, -inf masked), as a collate function builds
+    it; with `nan`, one NaN among its values (bad data after all)."""
+    mask = torch.zeros(2, 1, 4, 4)
+    mask[..., 2:] = float("-inf")
+    mask[1] = float("-inf")  # NB: the second example is all padding: its rows are all -inf
+    if nan:
+        mask[0, 0, 0, 0] = float("nan")
+    return mask
+
+
+def test_an_additive_mask_in_the_batch_is_no_bad_input():
+    """Its -inf are deliberate: a row it masks entirely fails in the model's softmax (the
+    replay names fully-masked-softmax), so the failure is not the batch's, even where no
+    replay follows (`watch --no-replay`, `compare`). A NaN among its values is bad data."""
+    for nan, phase in ((False, Phase.FORWARD), (True, Phase.INPUT)):
+        run = hooked_run()
+        sentinel = Sentinel(run, thorough=True)
+        batch = {"x": torch.ones(2, 4), "attention_mask": additive_mask(nan)}
+        ctx = StepContext(run, 2, batch)
+        sentinel.step_started(ctx)
+        sentinel.phase_ended(ctx, Phase.INPUT)
+        ctx.output = torch.full((2, 3), float("nan"))
+        sentinel.phase_ended(ctx, Phase.FORWARD)
+        ctx.loss = torch.tensor(float("nan"))
+        sentinel.phase_ended(ctx, Phase.LOSS)
+        sentinel.step_ended(ctx)
+        (verdict,) = sentinel.collect(final=True)
+        assert verdict.failed and verdict.phase is phase, nan
+
+
 def model_outputs(loss: float, logits: float) -> list:
     """A dict and, where transformers is installed, a `ModelOutput`, each carrying a loss."""
     values = {"loss": torch.tensor(loss), "logits": torch.full((2, 3), logits)}

@@ -11,12 +11,15 @@ import torch
 from transformers import BatchEncoding
 
 from nandoctor.runtime.tensors import (
+    additive_mask,
     host_copy,
     host_square_sums,
     iter_tensors,
+    nonfinite_data,
     square_sums,
     tensor_norms,
     total_norm,
+    wide_norm,
 )
 
 
@@ -208,3 +211,49 @@ def test_buffers_are_lent_in_order_to_the_tensors_laid_out_alike_and_the_rest_ar
     assert type(kept) is list and all(torch.equal(a, b) for a, b in zip(kept, batch, strict=True))
     assert kept[0].data_ptr() == dropped[0].data_ptr()
     assert dropped[1].data_ptr() not in (t.data_ptr() for t in kept)
+
+
+def test_a_norm_in_float64_stays_finite_where_float32_squares_overflow():
+    grads = [torch.full((3,), 1e20), torch.full((2, 2), -1e20)]
+    assert math.isinf(total_norm(grads, torch.device("cpu")).item())
+    assert wide_norm(grads) == pytest.approx(1e20 * math.sqrt(7), rel=1e-6)
+
+
+def masks() -> dict[str, torch.Tensor]:
+    inf = float("-inf")
+    return {
+        "mask": torch.tensor([[0.0, inf], [inf, inf]]),
+        "mask with a NaN": torch.tensor([[0.0, inf], [float("nan"), inf]]),
+        "mask with a +inf": torch.tensor([[0.0, inf], [float("inf"), 0.0]]),
+        "-inf among data": torch.tensor([[0.5, inf], [1.0, 0.0]]),
+        "clean data": torch.tensor([[0.5, 2.0]]),
+    }
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.cuda,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_is_bad_data_for_any_non_finite_value_but_an_additive_masks(device):
+    """A 0/-inf attention mask's -inf are deliberate; a NaN or +inf in it, or a -inf among
+    other values, is bad data. The CPU judges on the host, CUDA on the device, alike."""
+    device = torch.device(device)
+    tensors = {k: v.to(device) for k, v in masks().items()}
+    assert additive_mask(tensors["mask"]) and not additive_mask(tensors["-inf among data"])
+    bad = {k: bool(nonfinite_data([v, tensors["clean data"]], device)) for k, v in tensors.items()}
+    assert bad == {
+        "mask": False,
+        "mask with a NaN": True,
+        "mask with a +inf": True,
+        "-inf among data": True,
+        "clean data": False,
+    }

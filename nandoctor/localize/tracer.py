@@ -40,7 +40,7 @@ from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects
-from nandoctor.runtime.tensors import local, named_tensors, nonfinite
+from nandoctor.runtime.tensors import additive_mask, local, named_tensors, nonfinite
 
 __all__ = ["Finding", "Tracer"]
 
@@ -183,7 +183,7 @@ class Tracer(Probe):
                 if late:
                     self.origin = found
                     return
-                self.origins.mark(t, self.origins.birth(found, ctx.step, _is_mask(t), []))
+                self.origins.mark(t, self.origins.birth(found, ctx.step, additive_mask(t), []))
 
     def _reach(self, phase: Phase, named: list[tuple[str, torch.Tensor | None, int]]) -> None:
         """If any of these values (a role, the tensor, the root it belongs to) is
@@ -267,7 +267,7 @@ class Tracer(Probe):
     def _masks_as_data(
         self, func: Any, named: dict, kinds: dict, parents: list[Lineage]
     ) -> list[Lineage]:
-        """A batch tensor taken for a mask (`_is_mask`: 0 and -inf only) that a matrix
+        """A batch tensor taken for a mask (`additive_mask`: 0 and -inf only) that a matrix
         product or a convolution multiplies through, into a non-finite output, is data
         (`log` of a 0/1 feature): its origin is accidental from here on. A mask is added
         to scores, never multiplied."""
@@ -368,18 +368,6 @@ def _node_name() -> str:
 def _from_batch_mask(lineage: Lineage) -> bool:
     """Descends from a batch tensor taken for a mask (0 and -inf only)."""
     return lineage.origin.deliberate and lineage.origin.finding.phase is Phase.INPUT
-
-
-def _is_mask(t: torch.Tensor) -> bool:
-    """An additive attention mask the batch carries: 0 where a position is kept, -inf
-    where it is masked, and nothing else. Its infs are deliberate, as a mask buffer's
-    are: a softmax sums them out, and the NaN of a row masked entirely is the softmax's
-    (a new origin: fully-masked-softmax), not bad data. NB: a NaN, a +inf or any other
-    value makes the batch's non-finite values data again (nonfinite-input), and so does a
-    matrix product that multiplies them (`_masks_as_data`)."""
-    if t.is_meta or t.is_sparse or not t.is_floating_point():
-        return False
-    return bool(((t == 0) | (t == float("-inf"))).all())
 
 
 def _has_nonfinite(t: torch.Tensor) -> bool:

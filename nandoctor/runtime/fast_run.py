@@ -20,7 +20,7 @@ from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
-from nandoctor.runtime.tensors import floating, nonfinite
+from nandoctor.runtime.tensors import floating, nonfinite_data
 from nandoctor.setup.session import Session
 
 
@@ -96,8 +96,9 @@ def snapshot_store(session: Session) -> SnapshotStore:
 
 
 def _finite_batch(batch: object) -> bool:
+    """No NaN or inf but an additive mask's -inf (a mask is no bad data to skip)."""
     tensors = [t for t in floating(batch) if not t.is_meta]
-    return not tensors or not bool(nonfinite(tensors, tensors[0].device))
+    return not tensors or not bool(nonfinite_data(tensors, tensors[0].device))
 
 
 __all__ = ["RunResult", "StepCallback", "fast_run", "snapshot_store"]

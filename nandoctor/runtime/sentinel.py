@@ -69,6 +69,7 @@ from nandoctor.runtime.tensors import (
     gradient_check,
     host_square_sums,
     nonfinite,
+    nonfinite_data,
     square_sums,
     stacked,
     wide_norm,
@@ -231,7 +232,7 @@ class Sentinel(Probe):
             if self._reads_at_once(device):  # judged when the step ends, if it failed
                 self._batches.append(ctx.batch)
             else:
-                self._any("input", nonfinite(floating(ctx.batch), device))
+                self._any("input", nonfinite_data(floating(ctx.batch), device))
         elif phase is Phase.FORWARD and self.thorough:
             output = floating(without_loss(ctx.output))  # its loss is the LOSS phase's
             self._any("forward", nonfinite(output, self._device()))
@@ -369,7 +370,7 @@ class Sentinel(Probe):
             row[_GRADS] = row[_LOCAL_GRADS] = float(bad)
         if self._batches and (_may_fail(row) or self._aborted is not None):
             batch = [t for b in self._batches for t in floating(b)]
-            row[_INPUT] = float(bool(nonfinite(batch, torch.device("cpu"))))
+            row[_INPUT] = float(bool(nonfinite_data(batch, torch.device("cpu"))))
         return row
 
     def _slot(self, key: str, device: torch.device) -> torch.Tensor:

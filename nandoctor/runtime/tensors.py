@@ -323,6 +323,33 @@ def total_norm(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.T
     return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
 
 
+def additive_mask(t: torch.Tensor) -> bool:
+    """An additive attention mask a batch carries: 0 where a position is kept, -inf where
+    it is masked, and nothing else. Its infs are deliberate, as a mask buffer's are: a
+    softmax sums them out, and the NaN of a row masked entirely is the softmax's
+    (fully-masked-softmax), not bad data. NB: a NaN, a +inf or any other value makes the
+    tensor's non-finite values data again (nonfinite-input)."""
+    if t.is_meta or t.is_sparse or not t.is_floating_point():
+        return False
+    return bool(((t == 0) | (t == float("-inf"))).all())
+
+
+def nonfinite_data(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """`nonfinite` for a batch: NaN or inf in a tensor that is not an additive mask (a 0
+    and -inf mask's infs are deliberate: `additive_mask`). A 0-dim bool on `device`, read
+    on the host only when a step failed on the CPU; on other devices judged there, per
+    tensor, without a host read (the step's flags are read together, later)."""
+    if device.type == "cpu":
+        return nonfinite([t for t in tensors if not additive_mask(t)], device)
+    flags = [nonfinite([t], device) & ~_mask_flag(t).to(device) for t in _checkable(tensors)]
+    return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=device)
+
+
+def _mask_flag(t: torch.Tensor) -> torch.Tensor:
+    """`additive_mask` as a 0-dim bool on `t`'s device, not read."""
+    return ((t == 0) | (t == float("-inf"))).all()
+
+
 def wide_norm(tensors: Sequence[torch.Tensor]) -> float:
     """The global L2 norm accumulated in float64, read on the host: finite for any finite
     float32 values (their squares stay below ~1e77), where float32 squares overflow from
