@@ -48,4 +48,4 @@ def test_a_collapse_after_one_skip_is_not_one_steps():
     bad = Reading(3, False, False, False, False, True, False, 1.0, 1.0, scale=1.5)
     verdict = judge(bad)
     assert verdict.failed and "1 steps" not in verdict.why
-    assert verdict.why.startswith("the GradScaler skipped step 3; the loss scale fell to 0.75")
+    assert verdict.why.startswith("the GradScaler skipped step 3 at loss scale 1.5")

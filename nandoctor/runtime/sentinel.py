@@ -599,10 +599,14 @@ class Judge:
         self.counted += r.scale <= STREAK_CEILING
         next_scale = r.scale * self.backoff
         if self.counted >= self.max_streak or next_scale < self.min_scale:
-            run = f"{self.streak} steps in a row from step" if self.streak > 1 else "step"
+            # NB: the scale the last skipped step used, as the evidence and the telemetry
+            # quote it (not the one `update()` then halved it to)
+            at = f"loss scale {_fmt(r.scale)}"
             why = (
-                f"the GradScaler skipped {run} {self.streak_start}; "
-                f"the loss scale fell to {_fmt(next_scale)}"
+                f"the GradScaler skipped {self.streak} steps in a row from step "
+                f"{self.streak_start}, the last at {at}"
+                if self.streak > 1
+                else f"the GradScaler skipped step {self.streak_start} at {at}"
             )
             return Verdict(r, failed=True, step=self.streak_start, phase=Phase.BACKWARD, why=why)
         reason = UNCHECKED if still_bad is None else OVERFLOW
