@@ -6,7 +6,7 @@ from nandoctor.compare.verdict import compare_verdict
 from nandoctor.report.comparison import CompareRun, Headroom
 
 
-def run(dtype, status="healthy", step=None, headroom=0.1, drift=None):
+def run(dtype, status="healthy", step=None, headroom=0.1, drift=None, phase="forward"):
     peak = [Headroom("blocks.3.mlp.fc2", "Linear", headroom * 65504, 411)]
     return CompareRun(
         dtype,
@@ -14,7 +14,7 @@ def run(dtype, status="healthy", step=None, headroom=0.1, drift=None):
         status,
         step or 400,
         step,
-        "forward" if step else None,
+        phase if step else None,
         1.0,
         drift,
         2.0,
@@ -33,6 +33,25 @@ def test_switch_to_bf16_when_it_survives():
         "switch autocast to bfloat16 (8 exponent bits: the range of float32); "
         "its loss stayed within 0.012 of float32's"
     )
+
+
+def test_the_range_of_float16_explains_only_a_float16_failure():
+    """A bfloat16 run's headroom is measured against 65504 as a forecast: it never
+    explains why bfloat16 failed where float32 held."""
+    runs = [run("bfloat16", "nonfinite", 3, headroom=0.62), run("float32", drift=0.0)]
+    verdict = compare_verdict(runs, "bfloat16", 8)
+    assert verdict.startswith("float32 survived all 8 steps where bfloat16 went non-finite")
+    assert "range" not in verdict.split(":")[0] and "65504" not in verdict
+
+
+def test_a_failure_in_the_loss_points_at_the_loss_too():
+    """A hand-written log(softmax) that bfloat16 outlived is still a broken loss."""
+    runs = [run("float16", "nonfinite", 51, phase="loss"), run("bfloat16")]
+    verdict = compare_verdict(runs, "float16", 2000)
+    assert "switch autocast to bfloat16" in verdict
+    assert "or fix the loss" in verdict and "`nandoctor diagnose` names it" in verdict
+    runs = [run("float16", "nonfinite", 51), run("bfloat16")]
+    assert "fix the loss" not in compare_verdict(runs, "float16", 2000)
 
 
 def test_every_dtype_failing_means_the_dtype_is_not_the_cause():

@@ -50,7 +50,8 @@ def _all_healthy(base: CompareRun, others: list[CompareRun], steps: int) -> str:
 
 def _switch(base: CompareRun, survivor: CompareRun, steps: int) -> str:
     sentence = f"{survivor.dtype} survived all {steps} steps where {_failed_at(base)}"
-    tight = _headroom_clause(base)
+    # NB: only float16's share of 65504 explains a failure; other dtypes' is a forecast
+    tight = _headroom_clause(base) if base.dtype == "float16" else None
     if tight:
         sentence += f"; {tight}"
     advice = {
@@ -58,6 +59,12 @@ def _switch(base: CompareRun, survivor: CompareRun, steps: int) -> str:
         "float32": "only float32 survived: keep the failing part of the model in float32",
     }.get(survivor.dtype, f"switch to {survivor.dtype}")
     sentence += f": {advice}"
+    if base.first_nonfinite_phase == "loss":
+        sentence += (
+            ", or fix the loss: a failure in the loss phase is most often its math (a log "
+            "of a softmax that underflowed, a division by a sum), which a wider dtype makes "
+            "rarer, not impossible; `nandoctor diagnose` names it"
+        )
     drift = survivor.max_abs_loss_diff_vs_reference
     if drift is not None and survivor.dtype != "float32":
         sentence += f"; its loss stayed within {drift:.3g} of float32's"
