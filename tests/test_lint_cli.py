@@ -170,3 +170,26 @@ def test_a_file_that_does_not_parse_is_reported_and_fails(here):
     assert result.exit_code == 1
     assert "broken.py:2:7: error[not-linted] invalid syntax" in result.stdout
     assert "train.py:3:8: error[log-of-softmax]" in result.stdout
+
+
+def test_a_reader_that_stops_early_ends_nothing_but_the_listing(tmp_path):
+    """`nandoctor lint . | head`: once the pipe closes, the listing stops quietly and the
+    exit code stays the findings' (rich's default exited 1 as if the user's code had
+    called sys.exit, and nandoctor reported it as exit 3)."""
+    import subprocess
+    import sys
+
+    line = "loss = -(y * torch.log(torch.softmax(logits, -1))).sum(-1).mean()\n"
+    (tmp_path / "train.py").write_text("import torch\n" + line * 1000)
+    lint = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor", "lint", "train.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert lint.stdout is not None and lint.stderr is not None
+    first = lint.stdout.readline()
+    lint.stdout.close()  # NB: the reader is gone; a 1000-finding listing overflows the pipe
+    error = lint.stderr.read().decode()
+    assert lint.wait(timeout=60) == 1, error
+    assert first.startswith(b"train.py:2:") and error == ""

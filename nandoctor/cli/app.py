@@ -79,11 +79,20 @@ def run_app() -> int:
     return code if isinstance(code, int) else 0
 
 
+class _CliConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """`nandoctor lint . | head` closed stdout: print nothing more, and let the command
+        finish with its own exit code (rich's default raised SystemExit(1), which read as
+        the user's code ending the run, exit 3)."""
+        self.quiet = True
+        _stdout_to_devnull()
+
+
 def cli_console(*, stderr: bool, soft_wrap: bool = False) -> Console:
     """Every console of the CLI. It prints what it is given: no emoji codes (a batch's
     `input:mask` is a tensor's name, not an emoji) and no highlighting of numbers and
     paths (the renderers choose every style)."""
-    return Console(stderr=stderr, highlight=False, soft_wrap=soft_wrap, emoji=False)
+    return _CliConsole(stderr=stderr, highlight=False, soft_wrap=soft_wrap, emoji=False)
 
 
 def stderr_console() -> Console:
