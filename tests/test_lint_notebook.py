@@ -158,3 +158,22 @@ def test_ipython_lines_continued_with_a_backslash_and_indented_cells_are_read_as
         "x = torch.ones(2)", "if x.sum() > 0:", "    y = torch.log(x)",
         "total = 1 + \\", "    2",
     ]  # fmt: skip
+
+
+def test_an_indented_cells_finding_is_placed_where_the_cell_writes_it(here):
+    """The cell is linted dedented, as IPython runs it; its columns (the caret's, SARIF's
+    region in the .ipynb file) count in the cell as written."""
+    path = notebook(
+        here,
+        "explore.ipynb",
+        cell("import torch"),
+        cell("    probs = torch.softmax(x, -1)\n    loss = -torch.log(probs).mean()"),
+    )
+    (finding,) = lint_paths(["explore.ipynb"], LintConfig()).findings
+    code = "    loss = -torch.log(probs).mean()"
+    assert (finding.cell, finding.line, finding.code) == (2, 2, code)
+    assert code[finding.column - 1 : finding.end_column - 1] == "torch.log(probs)"
+    assert finding.in_file is not None
+    line, column, _, end_column = finding.in_file
+    written = path.read_text().splitlines()[line - 1]
+    assert written[column - 1 : end_column - 1] == "torch.log(probs)"

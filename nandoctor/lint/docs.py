@@ -81,7 +81,9 @@ to in some runs; **info**: a heuristic, marked `(heuristic)`, worth a look and o
 
 ## Suppressing a finding
 
-Add a comment on the reported line (any line of a multi-line statement works):
+Add a comment on the reported line, or on any line of its statement (a call a formatter
+wrapped: its first or its closing line; of an `if`, `for` or `with`, the header's lines,
+not the body's):
 
 ```python
 loss = torch.log(probs)  # nandoctor: ignore[log-of-softmax]
@@ -106,6 +108,9 @@ exclude = ["experiments/archive/*"]   # globs, relative to pyproject.toml
 ```
 
 Reading it needs Python 3.11+ (`tomllib`) or the `tomli` package on 3.10.
+`exclude` applies to the folders lint walks: a file named on the command line is linted
+whatever the globs say (you asked for it), which is how pre-commit calls it, so give the
+hook its own `exclude:` (below).
 
 ## GitHub code scanning (SARIF)
 
@@ -154,6 +159,7 @@ repos:
         entry: nandoctor lint
         language: system          # your environment's nandoctor: no second torch install
         types_or: [python, jupyter]
+        exclude: ^experiments/archive/   # a regex: pyproject's `exclude` skips walks only
 ```
 
 The hook gets the staged `.py` and `.ipynb` files and fails the commit on a finding at

@@ -109,13 +109,18 @@ def _in_cell(finding: Finding, notebook: Notebook) -> Finding:
         where = "" if origin_cell == cell else f"cell {origin_cell}, "
         return f" (from {where}line {origin_line})"
 
-    end = (finding.end_line, finding.end_column) if end_cell == cell else (finding.line, 10**9)
-    start_in_file = notebook.in_file(finding.line, finding.column)
+    # NB: columns as the cell is written (an indented cell was linted dedented)
+    column = notebook.column(finding.line, finding.column)
+    end_column = notebook.column(finding.end_line, finding.end_column)
+    end = (finding.end_line, end_column) if end_cell == cell else (finding.line, 10**9)
+    start_in_file = notebook.in_file(finding.line, column)
     end_in_file = notebook.in_file(*end)
     return dataclasses.replace(
         finding,
         cell=cell,
         line=line,
+        column=column,
+        end_column=end_column if end_cell == cell else finding.end_column,
         end_line=end_line if end_cell == cell else line,
         code=notebook.original(finding.line),
         message=FROM_LINE.sub(from_cell, finding.message),
@@ -153,7 +158,9 @@ def _run_checks(src: Source, config: LintConfig) -> FileOutcome:
             continue
         for hit in hits:
             finding = _finding(src, check, hit, config)
-            if suppressions.covers(check.id, finding.line, finding.end_line):
+            first, last = src.statement_lines(hit.node)
+            lines = (min(first, finding.line), max(last, finding.end_line))
+            if suppressions.covers(check.id, *lines):
                 suppressed += 1
             else:
                 findings.setdefault((finding.id, finding.line, finding.column), finding)

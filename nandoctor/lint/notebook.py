@@ -62,11 +62,17 @@ class Notebook:
     # (None where the file's layout is not the usual one; see `in_file`)
     anchors: tuple[tuple[int, str, int] | None, ...] = ()
     raw: str = ""  # the file's text
+    # per line of `text`: the indentation taken off it (an indented cell is dedented)
+    shifts: tuple[int, ...] = ()
 
     def where(self, line: int) -> tuple[int, int]:
         """(cell, line in cell) for a 1-based line of `text`."""
         i = min(max(line, 1), len(self.cells)) - 1
         return (self.cells[i], self.lines[i]) if self.cells else (1, line)
+
+    def column(self, line: int, column: int) -> int:
+        """A 1-based column of `text`'s line, counted in the line as the user wrote it."""
+        return column + (self.shifts[line - 1] if 0 < line <= len(self.shifts) else 0)
 
     def original(self, line: int) -> str:
         return self.originals[line - 1] if 0 < line <= len(self.originals) else ""
@@ -111,6 +117,7 @@ def parse_cells(cells: list[object], raw: str = "") -> Notebook:
     originals: list[str] = []
     errors: list[CellError] = []
     anchors: list[tuple[int, str, int] | None] = []
+    shifts: list[int] = []
     strings = _StringFinder(raw)
     for number, cell in enumerate(cells, start=1):
         if not isinstance(cell, dict):
@@ -132,6 +139,7 @@ def parse_cells(cells: list[object], raw: str = "") -> Notebook:
         where_line.extend(range(1, len(lines) + 1))
         originals.extend(lines)
         anchors.extend(placed)
+        shifts.extend(_shifts(lines))
     return Notebook(
         "\n".join(text) + "\n",
         tuple(where_cell),
@@ -140,7 +148,14 @@ def parse_cells(cells: list[object], raw: str = "") -> Notebook:
         tuple(errors),
         tuple(anchors),
         raw,
+        tuple(shifts),
     )
+
+
+def _shifts(lines: list[str]) -> list[int]:
+    """The indentation `python_lines` takes off each line of a cell (its first line's)."""
+    indent = lines[0][: len(lines[0]) - len(lines[0].lstrip())]
+    return [len(indent) if indent and line.startswith(indent) else 0 for line in lines]
 
 
 def _syntax_error(cell: int, code: list[str]) -> CellError | None:

@@ -71,8 +71,15 @@ def is_scale(src: Source, call: ast.Call) -> bool:
 
 
 def unscaled_before(src: Source, use: ScalerUse, node: ast.AST) -> bool:
-    """An `unscale_` runs before `node` on some path that reaches it."""
-    return any(_before(u, node) and not src.exclusive(u, node) for u in use.unscales)
+    """An `unscale_` runs before `node` on some path that reaches it, after the last
+    `scale(loss).backward()` before `node`: a GAN's `unscale_(opt_d)` unscales the
+    discriminator's gradients, not the generator's that a second backward scales later."""
+    reaching = [s for s in use.scales if _before(s, node) and not src.exclusive(s, node)]
+    last = max(reaching, key=position, default=None)
+    return any(
+        _before(u, node) and not src.exclusive(u, node) and (last is None or _before(last, u))
+        for u in use.unscales
+    )
 
 
 def scaled_before(src: Source, use: ScalerUse, node: ast.AST) -> bool:

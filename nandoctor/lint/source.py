@@ -122,6 +122,20 @@ class Source:
             node = self.parents[node][0]
             yield node
 
+    def statement_lines(self, node: ast.AST) -> tuple[int, int]:
+        """The lines of the statement `node` is part of, where a suppression comment may
+        sit: a formatter puts it on the first or the closing line of a call it wrapped.
+        Of a compound statement (`if`, `with`, `for`...), its header only, not its body."""
+        statement = next(
+            (a for a in [node, *self.ancestors(node)] if isinstance(a, ast.stmt)), None
+        )
+        if statement is None:
+            return node.lineno, node.end_lineno or node.lineno  # type: ignore[attr-defined]
+        body = getattr(statement, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+            return statement.lineno, max(statement.lineno, body[0].lineno - 1)
+        return statement.lineno, statement.end_lineno or statement.lineno
+
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The innermost function, lambda, class body or module `node` is evaluated in."""
         return self._index.scopes.get(node, self.tree)

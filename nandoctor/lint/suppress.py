@@ -1,4 +1,5 @@
-"""`# nandoctor: ignore[<id>, ...]` comments: silence a finding on the lines it spans.
+"""`# nandoctor: ignore[<id>, ...]` comments: silence a finding on the lines it spans, or
+on any line of its statement (of a compound statement, its header).
 
     loss = torch.log(probs)  # nandoctor: ignore[log-of-softmax]   (that id only)
     y = x / x.sum()          # nandoctor: ignore                   (every id)
