@@ -28,8 +28,16 @@ opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-10)  # float32 state:
 scaler = torch.cuda.amp.GradScaler()
 with torch.autocast("cuda", dtype=torch.float16):
     loss = model(torch.randn(8, 64, device="cuda")).mean()
+    loss = loss + padded_softmax(torch.randn(8, 10, device="cuda"), torch.ones(8, 10))
 scaler.scale(loss).backward()
 scaler.unscale_(opt)
 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 scaler.step(opt)
 scaler.update()
+
+
+def padded_softmax(logits, y):
+    probs = torch.softmax(logits, -1)
+    nll = -(y * torch.log(probs + 1e-8)).sum()  # expect: log-of-softmax
+    ratio = (y / (probs + 1e-8)).sum()  # expect: eps-underflow
+    return nll + ratio

@@ -10,6 +10,7 @@ Three spellings, all warnings:
   `torch.rsqrt(var + 1e-12)`) in training code (a forward, a loss, and what they call)
   when the file uses float16 at all, autocast included, unless the code computes that
   term in float32 itself (`x.float().pow(2).mean(-1) + 1e-8`, as LLaMA's RMSNorm does).
+  `log(softmax(x) + 1e-8)` is log-of-softmax's finding (its message names the epsilon).
 """
 
 from __future__ import annotations
@@ -126,8 +127,16 @@ def _denominators(src: Source) -> Iterator[Hit]:
                 seen.add(id(tag.origin))
                 if not on_differentiated_path(src, tag.origin):
                     continue  # NB: data pipelines and metrics run in float32 (or numpy)
+                if _log_of_padded_softmax(src, node, tag.origin):
+                    continue  # NB: log-of-softmax warns there, the epsilon's size included
                 if not _computed_in_float32(src, tag.origin):
                     yield Hit(tag.origin, _eps_message(f"`{value:g}` here", value))
+
+
+def _log_of_padded_softmax(src: Source, node: ast.AST, addition: ast.AST) -> bool:
+    """`log(softmax(x) + 1e-8)`: one finding there, log-of-softmax's, not a second."""
+    is_log = isinstance(node, ast.Call) and patterns.log_input(src, node) is not None
+    return is_log and src.flow.has(addition, Kind.SOFTMAX_EPS)
 
 
 def _computed_in_float32(src: Source, addition: ast.AST) -> bool:
