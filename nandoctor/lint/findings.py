@@ -10,6 +10,7 @@ Columns are 1-based and count characters (not UTF-8 bytes, which is what `ast` c
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -22,6 +23,13 @@ FROM_LINE = re.compile(r" \(from line (\d+)\)")
 
 def from_line(line: int) -> str:
     return f" (from line {line})"
+
+
+def pointer(expr: ast.AST, origin: ast.AST) -> str:
+    """` (from line N)` when the value `expr` reads was made elsewhere (`probs = softmax(x)`
+    a few lines up), nothing when its maker is inside `expr` itself."""
+    inside = any(n is origin for n in ast.walk(expr))
+    return "" if inside else from_line(origin.lineno)  # type: ignore[attr-defined]
 
 
 class Severity(str, Enum):

@@ -14,10 +14,10 @@ import ast
 from collections.abc import Iterator
 
 from nandoctor.lint import patterns
-from nandoctor.lint.findings import Severity, from_line
+from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.registry import Hit, check
-from nandoctor.lint.source import Source, contains
+from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
 
 INVALID = (
@@ -84,7 +84,7 @@ def _denominator(src: Source, node: ast.AST) -> ast.AST | None:
 
 def _message(src: Source, denominator: ast.AST, origin: ast.AST) -> str:
     text = src.segment(denominator)
-    where = "" if contains(denominator, origin) else from_line(origin.lineno)  # type: ignore[attr-defined]
+    where = pointer(denominator, origin)
     return (
         f"Clamp the denominator `{text}`{where} (`.clamp_min(1)` for counts, `1e-6` for "
         f"norms) or add an epsilon: when it is 0 the division gives NaN (0/0) or inf."

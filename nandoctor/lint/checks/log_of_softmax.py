@@ -16,9 +16,9 @@ import ast
 from collections.abc import Iterator
 
 from nandoctor.lint import patterns
-from nandoctor.lint.findings import Severity, from_line
+from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.registry import Hit, check
-from nandoctor.lint.source import Source, contains
+from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind, Tag
 
 INVALID = (
@@ -96,7 +96,7 @@ def log_of_softmax(src: Source) -> Iterator[Hit]:
 
 
 def _direct(src: Source, call: ast.Call, argument: ast.AST, tag: Tag) -> str:
-    where = "" if contains(argument, tag.origin) else from_line(tag.origin.lineno)  # type: ignore[attr-defined]
+    where = pointer(argument, tag.origin)
     return (
         f"Use `F.log_softmax` (or `F.cross_entropy` on the logits) instead of "
         f"`{patterns.log_name(src, call)}` of a softmax{where}: a probability that underflowed "
@@ -105,7 +105,7 @@ def _direct(src: Source, call: ast.Call, argument: ast.AST, tag: Tag) -> str:
 
 
 def _sigmoid(src: Source, call: ast.Call, argument: ast.AST, tag: Tag) -> str:
-    where = "" if contains(argument, tag.origin) else from_line(tag.origin.lineno)  # type: ignore[attr-defined]
+    where = pointer(argument, tag.origin)
     return (
         f"Use `F.logsigmoid(z)` (or `F.binary_cross_entropy_with_logits` on the logits) "
         f"instead of `{patterns.log_name(src, call)}` of a sigmoid{where}: the sigmoid rounds "

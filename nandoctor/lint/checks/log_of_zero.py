@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from nandoctor.lint import patterns
-from nandoctor.lint.findings import Severity, from_line
+from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.registry import Hit, check
-from nandoctor.lint.source import Source, contains
+from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
 
 INVALID = (
@@ -59,7 +59,7 @@ def log_of_zero(src: Source) -> Iterator[Hit]:
         complement = src.flow.of_kind(argument, Kind.COMPLEMENT)
         if complement:
             origin = complement[0].origin
-            where = "" if contains(argument, origin) else from_line(origin.lineno)  # type: ignore[attr-defined]
+            where = pointer(argument, origin)
             yield Hit(
                 call,
                 f"Use `F.logsigmoid(-z)` (or `F.binary_cross_entropy_with_logits` on the logits) "
