@@ -125,7 +125,7 @@ def _clip_name(src: Source, call: ast.Call, helpers: dict[str, ast.AST]) -> str 
     if patterns.is_clip(src, call):
         return (src.qualname(call.func) or "clip_grad_norm_").rsplit(".", 1)[-1]
     if _model_clip(src, call):
-        return f"{ast.unparse(call.func)}"
+        return ast.unparse(call.func)
     helper = helper_called(src, call, helpers)
     return f"{helper}() (it calls clip_grad_norm_)" if helper else None
 
