@@ -29,9 +29,8 @@ INFO = entry(
     """,
     fix="""
     Use `F.cross_entropy(logits, target)`, or `F.log_softmax(logits, dim=-1)` where you need
-    the log-probabilities: they compute `x - logsumexp(x)` and never take the log of a
-    probability that underflowed to 0. For a sigmoid, `F.binary_cross_entropy_with_logits`
-    on the logits, or `F.logsigmoid(z)`.
+    the log-probabilities (of a sigmoid: `F.binary_cross_entropy_with_logits`,
+    `F.logsigmoid`): they never take the log of a probability that underflowed to 0.
     """,
     before="""
     probs = torch.softmax(logits, dim=-1)
