@@ -69,3 +69,15 @@ def test_a_model_that_grew_or_lost_layers_is_still_gated_on_the_rest():
     with pytest.raises(UsageError, match="recorded from another model"):
         require_same_model(baseline, "b.json", {"": "Net", "fc1": "Conv2d"})
     require_same_model(recorded(), "b.json", {"": "Net"})  # recorded no module: unknown
+
+
+def test_a_model_sharing_a_layer_by_chance_is_another_model():
+    """A Conv1d network's `2 Linear` matches an MLP's by name and type: gating that one
+    layer passed the whole other model. Under half of the baseline's modules: refused."""
+    mlp = [ModuleHealth(str(i), "Linear", 1.0) for i in (0, 2, 4, 6)]
+    baseline = recorded()
+    baseline.health = Health(10, 0.5, GradNorms(0.5, 1.0, 2.0, 3.0), 0, 0, 0.1, "", mlp)
+    conv = {"": "Sequential", "0": "Conv1d", "1": "Flatten", "2": "Linear"}
+    with pytest.raises(UsageError, match="only 1 of 4 of its modules"):
+        require_same_model(baseline, "b.json", conv)
+    require_same_model(baseline, "b.json", {"0": "Linear", "2": "Linear", "8": "Linear"})
