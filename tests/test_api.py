@@ -219,7 +219,9 @@ def test_the_with_form_watches_an_unchanged_loop_by_optimizer_steps():
     report = caught.value.report
     first = report.first_nonfinite
     assert (first.step, first.phase, first.reproduced) == (4, "input", False)
-    assert any("guard.step(fn, batch)" in note for note in report.notes)
+    # NB: no replay, yet the batch tensor is named: the sentinel kept the step's batch
+    assert (first.tensor, first.value, first.count_nonfinite) == ("input:0", "nan", 1)
+    assert "held 1 NaN value in input:0" in report.causes[0].evidence[0]
 
 
 def test_the_with_form_judges_as_diagnose_does_at_the_sentinels_cost(monkeypatch):

@@ -14,6 +14,7 @@ import signal
 from dataclasses import dataclass, field
 
 from nandoctor.diagnose.summary import replay_notes, summarize
+from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
 from nandoctor.report.divergence import divergence_events, merge_events
@@ -109,6 +110,9 @@ def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNon
         return None
     found = located.finding if located is not None else None
     if found is None:
+        found = batch_finding(failure)
+        if found is not None:  # NB: the sentinel kept the batch: named, not replayed
+            return dataclasses.replace(_first_of(failure.step, found), reproduced=False)
         return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=False)
     return _first_of(failure.step, found)
 

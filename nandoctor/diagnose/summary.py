@@ -8,6 +8,7 @@ import torch
 
 from nandoctor.causes.words import plural, value_word, values
 from nandoctor.errors import changed_torch_globals
+from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
 from nandoctor.runtime.probe import Phase
@@ -40,6 +41,7 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
         return f"all {result.steps_run} steps stayed finite"
     f = result.failure
     found = located.finding if located is not None else None
+    found = found or batch_finding(f)  # NB: no replay: the batch the sentinel kept
     phase = found.phase if found is not None else f.phase
     micro = found.micro_batch if found is not None else None
     where = f"step {f.step}" + (f", micro-batch {micro}" if micro is not None else "")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -10,6 +10,8 @@ from nandoctor.localize.stats import tensor_stats, value_kind
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Frame
 from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.tensors import named_tensors, nonfinite_data
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,19 @@ def finding_of(
         created=created,
         frames=list(frames or []),
     )
+
+
+def batch_finding(verdict: Verdict) -> Finding | None:
+    """For a failure in the INPUT phase that no replay localised (the `with` form of Guard,
+    `watch --no-replay`, a replay past its budget): the first batch tensor the sentinel
+    kept that holds NaN or inf (an additive mask's -inf aside), named as the replay names
+    it (`input:labels`). The batch is all it takes to say which tensor held what."""
+    if verdict.phase is not Phase.INPUT:
+        return None
+    for index, batch in enumerate(verdict.batches):
+        for path, t in named_tensors(batch):
+            if t.is_floating_point() and bool(nonfinite_data([t], t.device)):
+                found = finding_of(Phase.INPUT, None, None, f"input:{path or 'batch'}", t, None)
+                micro = index if len(verdict.batches) > 1 else None
+                return replace(found, micro_batch=micro)
+    return None

@@ -56,8 +56,8 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -152,6 +152,9 @@ class Verdict:
     skip_reason: str | None = None  # with `skipped`: OVERFLOW or UNCHECKED
     hidden: bool = False  # failed: the scaler skipped it, but it is non-finite unscaled too
     why: str = ""
+    # failed in INPUT: the step's batches (one per micro-batch) as the step saw them, so a
+    # report without a replay still names the batch tensor that held the NaN
+    batches: list[object] = field(default_factory=list)
 
     @property
     def collapsed(self) -> bool:
@@ -198,15 +201,14 @@ class Sentinel(Probe):
         self.forward_phase = thorough  # NB: only `thorough` looks at the model's output
         self.recheck = recheck
         self._flags: dict[str, torch.Tensor] = {}
-        self._pending: list[tuple[int, torch.Tensor | list[float], torch.cuda.Event | None, bool]]
-        self._pending = []
+        self._pending: list[_Pending] = []
         # NB: on the CPU, the step's gradients and their sums of squares (their flag)
         self._grads: list[torch.Tensor] | None = None
         self._squares: list[torch.Tensor] = []
         self._host_squares: list[float] = []  # NB: the same, already read (`host_square_sums`)
         self._losses: list[float] = []  # NB: on the CPU, the step's, read as each is made
         self._loss_parts = 0  # NB: elsewhere, how many losses the kept sum holds
-        self._batches: list[object] = []  # NB: on the CPU, the step's, judged if it failed
+        self._batches: list[object] = []  # the step's, named if it failed in INPUT
         self._updated = False  # an optimizer has stepped in this step
         self._aborted: int | None = None  # the step that raised before it ended
         self._scaled = False  # those sums are of gradients that still carry the loss scale
@@ -229,9 +231,8 @@ class Sentinel(Probe):
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.INPUT:
             device = self._device()
-            if self._reads_at_once(device):  # judged when the step ends, if it failed
-                self._batches.append(ctx.batch)
-            else:
+            self._batches.append(ctx.batch)  # NB: a reference, kept until its step is judged
+            if not self._reads_at_once(device):  # NB: on the CPU, judged if the step failed
                 self._any("input", nonfinite_data(floating(ctx.batch), device))
         elif phase is Phase.FORWARD and self.thorough:
             output = floating(without_loss(ctx.output))  # its loss is the LOSS phase's
@@ -309,7 +310,9 @@ class Sentinel(Probe):
         device = self._device()
         has_scale = "scale" in self._flags
         if self._reads_at_once(device):
-            self._pending.append((ctx.step, self._read_now(), None, has_scale))
+            self._pending.append(
+                _Pending(ctx.step, self._read_now(), None, has_scale, self._batches)
+            )
             self._forget_step()
             return
         if self._loss_parts > 1:
@@ -323,10 +326,10 @@ class Sentinel(Probe):
             host.copy_(packed, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self._pending.append((ctx.step, host, event, has_scale))
+            self._pending.append(_Pending(ctx.step, host, event, has_scale, self._batches))
         else:
-            self._pending.append((ctx.step, packed, None, has_scale))
-        self._flags = {}
+            self._pending.append(_Pending(ctx.step, packed, None, has_scale, self._batches))
+        self._flags, self._batches = {}, []
 
     def step_aborted(self, ctx: StepContext) -> None:
         """The step raised before it ended and the run is over (a watched script died in
@@ -407,7 +410,7 @@ class Sentinel(Probe):
         """Verdicts of the steps whose readings are ready; with `final`, of all of them."""
         keep = 0 if (final or not self.defer) else 1
         while len(self._pending) > keep:
-            step, values, event, has_scale = self._pending.pop(0)
+            step, values, event, has_scale, batches = self._pending.pop(0)
             if event is not None:
                 event.synchronize()
             if isinstance(values, list):  # read when the step ended
@@ -416,7 +419,10 @@ class Sentinel(Probe):
                 rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
             reading = _reading(step, rows, has_scale, self._sharded)
             reading.aborted = step == self._aborted
-            yield self._current_judge()(reading)
+            verdict = self._current_judge()(reading)
+            if verdict.failed and verdict.phase is Phase.INPUT and verdict.step == step:
+                verdict.batches = batches
+            yield verdict
 
     @property
     def _sharded(self) -> bool:
@@ -429,6 +435,17 @@ class Sentinel(Probe):
         if scaler is not self._judged_scaler and self._judge.streak == 0:
             self._judge, self._judged_scaler = Judge.for_scaler(scaler, self.recheck), scaler
         return self._judge
+
+
+class _Pending(NamedTuple):
+    """A step's reading on its way to the host (`values`: read already on the CPU, else
+    the device's row, copied asynchronously on CUDA until `event`)."""
+
+    step: int
+    values: torch.Tensor | list[float]
+    event: torch.cuda.Event | None
+    has_scale: bool
+    batches: list[object]
 
 
 def _may_fail(row: list[float]) -> bool:

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
@@ -186,7 +186,7 @@ class Watched:
             "start_step": result.start_step,
             "steps_run": result.steps_run,
             "seconds": result.seconds,
-            "failure": dataclasses.asdict(result.failure) if result.failure else None,
+            "failure": _plain(result.failure) if result.failure else None,
             "telemetry": dataclasses.asdict(result.telemetry),
             "events": [dataclasses.asdict(e) for e in result.events],
             "environment": dataclasses.asdict(environment_of(self.run)),
@@ -217,3 +217,10 @@ class Watched:
         with contextlib.suppress(OSError):
             protocol.stopped_marker(self.settings.dir, self.pid).touch()
         raise SystemExit(1)
+
+
+def _plain(verdict: Verdict) -> dict[str, Any]:
+    """The verdict as JSON data, without the batch tensors it keeps for an input failure
+    (the report's process names the phase; only a replay, or a sentinel in the same
+    process, names the batch tensor)."""
+    return dataclasses.asdict(dataclasses.replace(verdict, batches=[]))
