@@ -43,6 +43,7 @@ from nandoctor.runtime.headroom import HeadroomProbe
 from nandoctor.runtime.probe import Probes
 from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.sharded import class_name
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
@@ -78,7 +79,8 @@ def diagnose(
     if options.baseline is not None:  # NB: before a step runs: nothing half-written
         environment = environment_of(session, autocast_policy=session.autocast_policy)
         require_comparable(options.baseline, options.baseline_path or "", environment)
-        modules = {n: type(m).__name__ for n, m in session.model.named_modules()}
+        # NB: named as the health probe names them: FSDP's `FSDPLinear` is a Linear
+        modules = {n: class_name(m) for n, m in session.model.named_modules()}
         require_same_model(options.baseline, options.baseline_path or "", modules)
     if on_session is not None:
         on_session(session)
