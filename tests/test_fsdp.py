@@ -290,13 +290,16 @@ def test_fsdp_on_a_torch_without_fully_shard_is_a_config_error(monkeypatch):
         fsdp._fsdp_api()
 
 
-def _nandoctor(tmp_path, *args: str, strategy: str = "fsdp") -> subprocess.CompletedProcess:
-    """A command on a config that asks for two ranks itself (`nproc_per_node: 2`)."""
+def _nandoctor(
+    tmp_path, *args: str, strategy: str = "fsdp", extra: str = ""
+) -> subprocess.CompletedProcess:
+    """A command on a config that asks for two ranks itself (`nproc_per_node: 2`);
+    `extra`: more keys of its `distributed` section."""
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "config.yaml").write_text(
         "model: train.py:build_model\ndata: train.py:build_data\n"
         "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 6\ndevice: cpu\n"
-        f"distributed: {{strategy: {strategy}, nproc_per_node: 2}}\n"
+        f"distributed: {{strategy: {strategy}, nproc_per_node: 2{extra}}}\n"
     )
     command = [sys.executable, "-m", "nandoctor", args[0], str(tmp_path / "config.yaml")]
     return run_job([*command, *args[1:], "-q"], cwd=tmp_path)
@@ -322,6 +325,18 @@ def test_a_healthy_fsdp_run_exits_0_passes_its_baselines_gate_and_trains_as_ddp_
     for key in ("loss", "grad_norm"):
         ours, theirs = sharded["telemetry"][key], replicated["telemetry"][key]
         assert ours == pytest.approx(theirs, rel=1e-4), key
+
+
+@pytest.mark.slow
+def test_a_run_that_fsdp_casts_to_bfloat16_reports_bfloat16(tmp_path):
+    """FSDP's MixedPrecisionPolicy is how FSDP runs train in bfloat16, without autocast:
+    the report's dtype is the one forward and backward computed in, not the config's
+    float32 (a baseline, a gate and a reader compare runs by it)."""
+    extra = ", mixed_precision: {param_dtype: bfloat16}"
+    proc = _nandoctor(tmp_path, "diagnose", "--json", "r.json", extra=extra)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (report["status"], report["environment"]["dtype"]) == ("healthy", "bfloat16")
 
 
 @pytest.mark.slow

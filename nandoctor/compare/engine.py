@@ -77,7 +77,7 @@ def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareR
     session = build_session(loaded)
     if on_run is not None:
         on_run(name, session)
-    headroom = HeadroomProbe(session.model, session.dtype)
+    headroom = HeadroomProbe(session.model, session.compute_dtype)
     # NB: the snapshots let each GradScaler skip be rechecked at loss scale 1, as diagnose
     # does: a NaN the scaler hides is this dtype's failure, not a healthy run
     result = fast_run(

@@ -86,7 +86,7 @@ def diagnose(
         on_session(session)
     ranks = session.ranks
     store = snapshot_store(session)
-    headroom = HeadroomProbe(session.model, session.dtype) if _measures(options) else None
+    headroom = HeadroomProbe(session.model, session.compute_dtype) if _measures(options) else None
     lrs = LrHistory()  # the rate each step ran with, for learning-rate-too-high
     budget = options.time_budget
     deadline = time.perf_counter() + budget if budget is not None else None

@@ -26,7 +26,8 @@ def environment_of(
     return Environment(
         device=str(objects.device or "cpu"),
         torch=torch.__version__,
-        dtype=_name(objects.dtype) or "float32",
+        # NB: a Session knows the dtype it computes in (FSDP's param_dtype, without autocast)
+        dtype=_name(getattr(objects, "compute_dtype", objects.dtype)) or "float32",
         grad_scaler=objects.scaler is not None,
         threads=torch.get_num_threads(),
         autocast_policy=autocast_policy,
@@ -57,7 +58,8 @@ def facts_of(
     lr, lr_start, lr_jump = _rates(group, lrs, failing)
     scheduler = objects.scheduler
     return RunFacts(
-        dtype=_name(objects.dtype) or "float32",
+        # NB: a Session knows the dtype it computes in (FSDP's param_dtype, without autocast)
+        dtype=_name(getattr(objects, "compute_dtype", objects.dtype)) or "float32",
         grad_scaler=objects.scaler is not None,
         clip_grad_norm=objects.clip_grad_norm,
         optimizer=type(optimizer).__name__ if optimizer is not None else "unknown",

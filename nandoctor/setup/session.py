@@ -70,6 +70,18 @@ class Session:
         return self._params
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype forward and backward compute in: autocast's, or, where a float32 run
+        shards with FSDP's MixedPrecisionPolicy, its `param_dtype` (the common way to train
+        FSDP in bfloat16: no autocast at all). The report's `dtype`, and the float16 range
+        the headroom measures against, are this one's."""
+        mixed = self.config.distributed.mixed_precision
+        sharded = self.ranks is not None and self.config.distributed.strategy == "fsdp"
+        if sharded and self.dtype == torch.float32 and mixed is not None and mixed.param_dtype:
+            return torch_dtype(mixed.param_dtype)
+        return self.dtype
+
+    @property
     def clip_grad_norm(self) -> float | None:
         return self.config.clip_grad_norm
 
