@@ -56,3 +56,14 @@ def test_weights_non_finite_before_the_step_measure_nothing():
         model.weight[0, 0] = math.inf
     before = stepped(model, lambda p: p.add_(0.1))
     assert math.isnan(update_ratio(model, 5, before).ratio)
+
+
+def test_the_largest_is_a_weight_matrix_not_a_zero_initialised_bias():
+    """A bias that starts at 0 and moves by 1e-3 has a ratio of 1e9: no evidence of a rate
+    too high. The largest named is among the weight matrices."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with torch.no_grad():
+        model[1].bias.zero_()
+    before = stepped(model, lambda p: p.add_(1e-3) if p.dim() == 1 else p.mul_(1.1))
+    ratio = update_ratio(model, 1, before)
+    assert ratio.largest_param.endswith("weight") and ratio.largest == pytest.approx(0.1)

@@ -105,15 +105,16 @@ def _update(update: UpdateRatio) -> str:
     last = f"step {update.step}, the last update before the failure,"
     if not math.isfinite(update.ratio):
         return f"{last} left the weights non-finite ({update.largest_param} among them)"
+    moved = _share(update.ratio)
     return (
-        f"{last} moved the weights by {_share(update.ratio)} their norm "
-        f"({_share(update.largest)} for {update.largest_param}); about 0.1% is typical"
+        f"{last} moved the weights by {moved} {'of ' if '%' in moved else ''}their norm "
+        f"({update.largest_param}: {_share(update.largest)}); about 0.1% is typical"
     )
 
 
 def _share(ratio: float) -> str:
-    """`14.2% of` a step's share of the weights' norm; `1.47e+10x` once it is huge."""
-    return f"{ratio:.1%} of" if ratio < 10 else f"{ratio:.3g}x"
+    """A step's share of the weights' norm: `14.2%`; `1.47e+10x` once it is huge."""
+    return f"{ratio:.1%}" if ratio < 10 else f"{ratio:.3g}x"
 
 
 def _recent_jump(case: Case) -> LrJump | None:
