@@ -714,3 +714,22 @@ def test_with_the_tensor_named_and_no_cause_the_hint_says_where_to_look():
     error = caught.value
     assert error.report.causes == [] and error.report.first_nonfinite.op is not None
     assert error.hint.startswith(f"no known cause fits: {error.report.first_nonfinite.op} at ")
+
+
+def test_building_a_guard_leaves_pythons_random_state_alone():
+    """A user seeds, then builds the guard: the loop's `random` draws (shuffles,
+    augmentations) must be those of the same script without it. Its first use imports
+    rich, which draws from `random` as it is imported. A fresh process: the test's own
+    may have imported rich already."""
+    import subprocess
+    import sys
+
+    script = (
+        "import random, torch, nandoctor\n"
+        "random.seed(1234)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "guard = nandoctor.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+        "print(random.random() == random.Random(1234).random())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stderr

@@ -11,6 +11,7 @@ does not import the report assembly and the diagnosis rules at startup.
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -21,7 +22,12 @@ __all__ = ["Guard", "NonFiniteError"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from nandoctor.guard import api
-
+        # NB: with Python's `random` state kept: importing rich draws from it
+        # (rich/style.py), and the user seeded it before building the guard
+        state = random.getstate()
+        try:
+            from nandoctor.guard import api
+        finally:
+            random.setstate(state)
         return getattr(api, name)
     raise AttributeError(f"module 'nandoctor.guard' has no attribute {name!r}")
