@@ -733,3 +733,33 @@ def test_building_a_guard_leaves_pythons_random_state_alone():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.stdout.strip() == "True", out.stderr
+
+
+def test_the_rate_quoted_is_the_largest_groups_at_the_failing_step():
+    """A head at 20x its backbone's rate, warmed up by a scheduler: learning-rate-too-high
+    quotes the rate the head's group ran the failing step with (20 * 4/10 at step 3), not
+    the first group's, nor the rate the scheduler set after the step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+    groups = [{"params": model[0].parameters(), "lr": 1e-3}]
+    optimizer = torch.optim.SGD([*groups, {"params": model[2].parameters(), "lr": 20.0}])
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=g) * 10, torch.randint(0, 3, (16,), generator=g))]
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        target = F.one_hot(y, 3).float() * 1e3
+        F.mse_loss(model(x), target).backward()
+        optimizer.step()
+        schedule.step()
+
+    guard = Guard(model, optimizer, scheduler=schedule)
+    with pytest.raises(NonFiniteError) as caught:
+        for _ in range(60):
+            guard.step(train_step, batches[0])
+    report = caught.value.report
+    assert report.first_nonfinite.step == 3
+    (cause,) = [c for c in report.causes if c.id == "learning-rate-too-high"]
+    assert "lr=8 in effect at step 3" in cause.evidence[-1]

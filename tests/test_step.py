@@ -4,6 +4,8 @@ steps by optimizer step (batch i is step i // N, micro-batch i % N)."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -165,3 +167,19 @@ def _mark_batch(train_py, index: int) -> None:
         "        out.append((x, torch.randint(0, classes, (batch_size,), generator=g)))",
     )
     train_py.write_text(text)
+
+
+def test_probes_pass_an_aborted_step_to_each_probe_that_judges_one():
+    """A run that ends inside a step (`StepHooks.abort`) has it judged by the probes
+    that judge such steps, whatever else rides along (the learning-rate history)."""
+
+    class Judging(Probe):
+        def __init__(self):
+            self.aborted: list[int] = []
+
+        def step_aborted(self, ctx):
+            self.aborted.append(ctx.step)
+
+    judging = Judging()
+    Probes(Probe(), judging).step_aborted(types.SimpleNamespace(step=7))
+    assert judging.aborted == [7]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from nandoctor.causes.case import LrJump, RunFacts
-from nandoctor.diagnose.lr_history import LrHistory
+from nandoctor.diagnose.lr_history import LrHistory, largest_group
 from nandoctor.report.types import Environment
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.state import TrainingObjects
@@ -44,13 +44,14 @@ def facts_of(
     """The settings the rules read, as the run used them.
 
     The learning rate is the one in effect at the failing step: read from `lrs` (the
-    probe that saw each step start) when the run had it, else the first param group's
-    now (a scheduler changes it there, not in `defaults`; then it may be a step late).
-    eps is the first param group's; `checkpoint` is the file a `diagnose` run resumed
-    from, which the objects themselves do not know.
+    probe that saw each step start) when the run had it, else the param group's now (a
+    scheduler changes it there, not in `defaults`; then it may be a step late). Of
+    several param groups, the one with the largest rate (its eps too). `checkpoint` is
+    the file a `diagnose` run resumed from, which the objects themselves do not know.
     """
     optimizer = objects.optimizer
-    group = optimizer.param_groups[0] if optimizer is not None else {}
+    # NB: the group with the largest rate: the one a rate too high diverges in
+    group = largest_group(optimizer.param_groups) if optimizer is not None else {}
     params = objects.params
     failure = result.failure
     collapsed = failure is not None and failure.collapsed

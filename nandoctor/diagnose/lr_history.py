@@ -21,7 +21,9 @@ from nandoctor.runtime.probe import Probe, StepContext
 
 @dataclass
 class LrHistory(Probe):
-    """Probe: (step, lr) each time the first param group's rate changed at a step's start."""
+    """Probe: (step, lr) each time the largest param group's rate changed at a step's
+    start (a fine-tuning run's new head at 30x its backbone's rate: the head's is the
+    rate that diverges, and the one the fix must lower)."""
 
     changes: list[tuple[int, float]] = field(default_factory=list)
     forward_phase = False
@@ -30,7 +32,7 @@ class LrHistory(Probe):
         optimizer = ctx.session.optimizer
         if optimizer is None or not optimizer.param_groups:
             return
-        lr = _number(optimizer.param_groups[0].get("lr"))
+        lr = largest_rate(optimizer.param_groups)
         if lr is not None and (not self.changes or self.changes[-1][1] != lr):
             self.changes.append((ctx.step, lr))
 
@@ -51,6 +53,17 @@ class LrHistory(Probe):
             if before > 0 and after > before
         ]
         return max(jumps, key=lambda j: j.factor, default=None)
+
+
+def largest_rate(groups: list[dict]) -> float | None:
+    """The largest learning rate among an optimizer's param groups (None: none is a number)."""
+    rates = [r for g in groups if (r := _number(g.get("lr"))) is not None]
+    return max(rates, default=None)
+
+
+def largest_group(groups: list[dict]) -> dict:
+    """The param group with the largest learning rate (the first of equals), or {}."""
+    return max(groups, key=lambda g: _number(g.get("lr")) or 0.0, default={})
 
 
 def _number(value: object) -> float | None:

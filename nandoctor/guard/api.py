@@ -31,13 +31,14 @@ import torch
 from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
+from nandoctor.diagnose.lr_history import LrHistory
 from nandoctor.errors import ExitCode, NandoctorError, UsageError
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.render.markdown import render_markdown
 from nandoctor.report.types import Report
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.probe import Probe, StepContext
+from nandoctor.runtime.probe import Probe, Probes, StepContext
 from nandoctor.runtime.recheck import ScaleOneRecheck
 from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
@@ -117,6 +118,8 @@ class Guard:
         )
         self.run.note_optimizer(optimizer)
         self.sentinel = Sentinel(self.run, recheck=self._recheck)
+        self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
+        self._probes = Probes(self.sentinel, self.lrs)
         self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
         self.recorder = Recorder(self.result)
         self.name = name  # NB: the report's `name`; its `config` is the script
@@ -164,7 +167,7 @@ class Guard:
         hooks = self._stepping
         if hooks is None or hooks.step != step:  # NB: a step that raised counts no step
             hooks = self._stepping = StepHooks(
-                self.run, self.sentinel, model=self.run.model, explicit=True, start_step=step
+                self.run, self._probes, model=self.run.model, explicit=True, start_step=step
             )
         return hooks
 
@@ -186,7 +189,7 @@ class Guard:
         if self._hooked is None and self.report is None:
             self._hooked = StepHooks(
                 self.run,
-                self.sentinel,
+                self._probes,
                 model=self.run.model,
                 start_step=self._next,
                 on_step_end=self._hooked_step,
@@ -269,7 +272,7 @@ class Guard:
                 name=self.name,
                 notes=notes,
                 located=located,
-                causes=causes_of(result, located, facts_of(self.run, result)),
+                causes=causes_of(result, located, facts_of(self.run, result, lrs=self.lrs)),
             )
         )
         if self.raise_error:

@@ -132,3 +132,11 @@ class Probes(Probe):
     def step_ended(self, ctx: StepContext) -> None:
         for p in self.probes:
             p.step_ended(ctx)
+
+    def step_aborted(self, ctx: StepContext) -> None:
+        """The run ended inside the step (`StepHooks.abort`): each probe that judges such a
+        step (the sentinel, the tracer) does."""
+        for p in self.probes:
+            aborted = getattr(p, "step_aborted", None)
+            if aborted is not None:
+                aborted(ctx)

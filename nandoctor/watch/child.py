@@ -23,9 +23,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from nandoctor.diagnose.lr_history import LrHistory
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.probe import StepContext
+from nandoctor.runtime.probe import Probes, StepContext
 from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.watch import protocol
@@ -64,11 +65,12 @@ class Watched:
         self.run = HookedRun()
         tracing = settings.trace_step is not None
         self.sentinel = Sentinel(self.run, defer=False if tracing else None)
+        self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
         self.result = RunResult("healthy", self.run.start_step, 0)
         self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
         self.hooks = StepHooks(
             self.run,
-            self.sentinel,
+            Probes(self.sentinel, self.lrs),
             on_step_start=self._step_started,
             on_step_end=self._step_ended,
             on_model=self._model_known,
@@ -190,7 +192,7 @@ class Watched:
             "telemetry": dataclasses.asdict(result.telemetry),
             "events": [dataclasses.asdict(e) for e in result.events],
             "environment": dataclasses.asdict(environment_of(self.run)),
-            "facts": dataclasses.asdict(facts_of(self.run, result)),
+            "facts": dataclasses.asdict(facts_of(self.run, result, lrs=self.lrs)),
         }
         protocol.write_json(protocol.run_file(self.settings.dir, self.pid), data)
         self.written = True
