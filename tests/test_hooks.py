@@ -305,3 +305,19 @@ def test_an_autocast_the_loop_enters_is_the_runs_dtype_at_the_models_call():
     with StepHooks(run, Probe()), torch.autocast("cpu", dtype=torch.bfloat16):
         Net()(torch.randn(4, 6)).float().sum().backward()
     assert run.dtype == torch.bfloat16 and not run.dtype_from_weights
+
+
+def test_a_clip_imported_by_name_before_the_hooks_is_seen():
+    """`from torch.nn.utils import clip_grad_norm_` at a script's top binds the function
+    before any hook is attached: the clip is still the run's (exploding-gradients told
+    such a loop to add the clipping it already did)."""
+    from torch.nn.utils import clip_grad_norm_  # NB: bound now, before the hooks
+
+    run = HookedRun()
+    net = Net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with StepHooks(run, Probe()):
+        net(torch.randn(4, 6)).sum().backward()
+        clip_grad_norm_(net.parameters(), 2.5)
+        optimizer.step()
+    assert run.clip_grad_norm == 2.5

@@ -7,7 +7,9 @@ clipped to N". This module wraps exactly those callables:
 
     torch.autograd.backward                (Tensor.backward calls it through the module)
     torch.amp.GradScaler.scale / .step     (torch.cuda.amp.GradScaler inherits both)
-    torch.nn.utils.clip_grad_norm_         (both names users import it under)
+    torch.nn.utils.clip_grad_norm_         (both names users import it under, and the
+                                           scaling it calls: a name imported before the
+                                           patch still reaches that)
 
 The wrappers are installed when the first listener registers and removed when the last
 one leaves, so nested guards (a `Guard` inside a watched script) compose in any order.
@@ -68,6 +70,10 @@ def _install() -> None:
     for owner in (torch.nn.utils, clip_grad):
         _originals.append((owner, "clip_grad_norm_", owner.clip_grad_norm_))
         owner.clip_grad_norm_ = clip  # type: ignore[attr-defined]  # re-exported there
+    if hasattr(clip_grad, "_clip_grads_with_norm_"):  # NB: torch >= 2.6
+        # `from torch.nn.utils import clip_grad_norm_` binds the function before any patch,
+        # but it scales the gradients through this module-level name, looked up per call
+        _patch(clip_grad, "_clip_grads_with_norm_", _wrap_clip)
 
 
 def _uninstall() -> None:
