@@ -55,9 +55,11 @@ def grad_scaler_collapse(case: Case) -> Hit | None:
     evidence = [_streak(case)]
     overflow = case.first.value in OVERFLOWED and case.first.phase == "backward"
     if overflow:
+        # NB: the replay ran at the scale the streak fell to, not at 1: its overflow says the
+        # scaled gradients exceed 65504 there, not that the unscaled ones do
         evidence.append(
-            f"even at that scale, {case.first.op}{where(case)} overflowed float16 in backward: "
-            "the unscaled gradients exceed 65504"
+            f"even at the scale the streak fell to, {case.first.op}{where(case)} overflowed "
+            "float16 in backward: the scaler kept halving a scale the gradients still exceeded"
         )
     return Hit(0.88 if overflow else 0.6, evidence)
 
