@@ -763,3 +763,34 @@ def test_the_rate_quoted_is_the_largest_groups_at_the_failing_step():
     assert report.first_nonfinite.step == 3
     (cause,) = [c for c in report.causes if c.id == "learning-rate-too-high"]
     assert "lr=8 in effect at step 3" in cause.evidence[-1]
+
+
+@pytest.mark.parametrize("recheck", [True, False])
+def test_skips_are_rechecked_by_calling_fn_again_unless_asked_not_to(recheck):
+    """A GradScaler starting at 2**24 skips its first steps (overflows): `guard.step`
+    reruns each at loss scale 1, calling `fn` again, and says which steps it reran;
+    `recheck_skips=False` calls `fn` once a step (for state the guard is not given)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+    calls = []
+
+    def train_step(batch):
+        calls.append(1)
+        x, y = batch
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    g = torch.Generator().manual_seed(1)
+    guard = Guard(model, optimizer, scaler, recheck_skips=recheck)
+    for _ in range(12):
+        batch = (torch.randn(8, 8, generator=g) * 100, torch.randint(0, 3, (8,), generator=g))
+        guard.step(train_step, batch)
+    guard.close()
+    assert guard.report is None and scaler.get_scale() < 2.0**24  # it skipped, healthily
+    assert (len(calls) > 12, bool(guard.rechecked)) == (recheck, recheck)

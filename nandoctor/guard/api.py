@@ -104,6 +104,7 @@ class Guard:
         snapshot_every: int | None = None,
         name: str | None = None,
         raise_error: bool = True,
+        recheck_skips: bool = True,
     ) -> None:
         _check_objects(model, optimizer, scaler)
         device = next(iter(model.parameters()), torch.empty(0)).device
@@ -117,7 +118,10 @@ class Guard:
             start_step=start_step,
         )
         self.run.note_optimizer(optimizer)
-        self.sentinel = Sentinel(self.run, recheck=self._recheck)
+        self.sentinel = Sentinel(self.run, recheck=self._recheck if recheck_skips else None)
+        # the steps a GradScaler skipped that `guard.step` reran at loss scale 1 (each rerun
+        # calls `fn` again for the steps since the last snapshot: see docs/api.md)
+        self.rechecked: list[int] = []
         self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
         self._probes = Probes(self.sentinel, self.lrs)
         self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
@@ -176,6 +180,7 @@ class Guard:
         the `with` form keeps none, so its skips are unchecked."""
         if self._store is None:
             return None
+        self.rechecked.append(step)
         return ScaleOneRecheck(self.run, self._store, KeptSteps(self.run))(step)
 
     def _snapshots(self) -> SnapshotStore:
