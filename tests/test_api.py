@@ -794,3 +794,20 @@ def test_skips_are_rechecked_by_calling_fn_again_unless_asked_not_to(recheck):
     guard.close()
     assert guard.report is None and scaler.get_scale() < 2.0**24  # it skipped, healthily
     assert (len(calls) > 12, bool(guard.rechecked)) == (recheck, recheck)
+
+
+def test_after_raising_the_gradients_are_the_failing_steps_not_the_replays():
+    """A NaN written into a weight between steps: the failing step's gradients are NaN;
+    the replay, which starts from a snapshot before the edit, makes finite ones. After
+    the raise the loop finds its own, as it left them."""
+    model, optimizer, batches, train_step = tiny_loop()
+    guard = Guard(model, optimizer)
+    with pytest.raises(NonFiniteError):
+        for i, batch in enumerate(batches):
+            if i == 5:
+                with torch.no_grad():
+                    model[2].weight[0, 0] = float("nan")
+            guard.step(train_step, batch)
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    assert not torch.isfinite(model[2].weight.grad).all()

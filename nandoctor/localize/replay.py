@@ -28,6 +28,7 @@ from nandoctor.report.evidence import ModuleStat, UpdateRatio
 from nandoctor.report.types import Transient
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.recheck import Gradients
 from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore, StateSnapshot
@@ -110,6 +111,7 @@ def localize(
     started = time.perf_counter()
     try:
         here = store.capture_now(-1)
+        grads = Gradients.keep(objects)  # NB: a snapshot has none; the loop left some
     except MEMORY_ERRORS:
         return Localization(step, None, note=NO_MEMORY_TO_REPLAY)
     try:
@@ -120,6 +122,7 @@ def localize(
         located = Localization(step, None, note=_failed(step, e))
     try:
         here.restore(objects)
+        grads.restore()
     except MEMORY_ERRORS:
         _free_memory(objects)
         located.note = NO_MEMORY_TO_RESTORE

@@ -71,7 +71,7 @@ class ScaleOneRecheck:
             here = self.store.capture_now(-1)
         except LookupError:  # a hooked run that has not met its model or optimizer yet
             return None
-        grads = _Gradients.keep(self.objects)
+        grads = Gradients.keep(self.objects)
         try:
             return self._at_scale_one(step)
         except (LookupError, UserCodeError):
@@ -93,7 +93,7 @@ class ScaleOneRecheck:
 
 
 @dataclass
-class _Gradients:
+class Gradients:
     """The parameters' gradients, kept by identity and by value: the rerun replaces them
     (zero_grad) or writes into them in place, and the user's loop must find them as it
     left them; some code holds on to the tensors themselves (DDP's gradient buckets).
@@ -103,7 +103,7 @@ class _Gradients:
     kept: list[tuple[torch.nn.Parameter, torch.Tensor | None, torch.Tensor | None]]
 
     @classmethod
-    def keep(cls, objects: TrainingObjects) -> _Gradients:
+    def keep(cls, objects: TrainingObjects) -> Gradients:
         kept = []
         for p in objects.params:
             g = p.grad
@@ -118,4 +118,4 @@ class _Gradients:
                 p.grad = grad
 
 
-__all__ = ["GradientCheck", "ScaleOneRecheck"]
+__all__ = ["GradientCheck", "Gradients", "ScaleOneRecheck"]
