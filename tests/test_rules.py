@@ -3,6 +3,7 @@ otherwise. Cases here are plain data, as the replay would have recorded them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -99,6 +100,22 @@ def test_division_by_zero_needs_zeros_in_the_denominator():
     assert "division-by-zero" not in ids(
         case("aten.div.Tensor", inputs=[stats(zeros=4), stats("other")])
     )
+
+
+def test_a_mean_cross_entropy_over_no_label_is_division_by_zero():
+    """An MLM batch with no masked token: every target is ignore_index, nll_loss divides
+    a sum over no label by a count of 0 (no `div` op anywhere)."""
+    ignored = TensorStats(
+        "target", "int64", [128], 128, 100.0, -100.0, -100.0, 0, 128, 0, 0, 0, None
+    )
+    scalars = ["reduction=1", "ignore_index=-100"]
+    nll = case("aten.nll_loss_forward.default", inputs=[stats(), ignored], scalars=scalars)
+    (cause, *_) = rank(nll)
+    assert cause.id == "division-by-zero"
+    assert "all 128 targets are ignore_index (-100)" in cause.evidence[0]
+    some_kept = dataclasses.replace(ignored, max=5.0)
+    kept = case("aten.nll_loss_forward.default", inputs=[stats(), some_kept], scalars=scalars)
+    assert "division-by-zero" not in ids(kept)
 
 
 def test_an_epsilon_float16_rounds_to_zero_beats_division_by_zero():

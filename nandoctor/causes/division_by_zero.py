@@ -38,6 +38,8 @@ INFO = entry(
 
 
 def division_by_zero(case: Case) -> Hit | None:
+    if case.op in NLL and case.first.phase in ("forward", "loss"):
+        return _nothing_to_average(case)
     denominator = case.divisor
     if case.op != "div" or case.first.phase not in ("forward", "loss") or denominator is None:
         return None
@@ -51,6 +53,31 @@ def division_by_zero(case: Case) -> Hit | None:
         f"its denominator{source}: {kind}"
     )
     return Hit(0.85, [sentence])
+
+
+NLL = frozenset({"nll_loss_forward", "nll_loss2d_forward"})  # cross_entropy's reduction
+
+
+def _nothing_to_average(case: Case) -> Hit | None:
+    """A mean cross-entropy over a batch in which every target is `ignore_index` (an MLM
+    batch with no masked token, an SFT batch of prompts only): a sum over no label divided
+    by a count of 0, NaN. The op reads as `nll_loss_forward`, no `div` anywhere."""
+    target, scalars = case.input("target"), dict(_pairs(case.evidence.scalars))
+    ignored = scalars.get("ignore_index")
+    if target is None or ignored is None or scalars.get("reduction") != "1":
+        return None
+    if case.first.value != "nan" or not (target.min == target.max == float(ignored)):
+        return None
+    sentence = (
+        f"{case.first.op}{where(case)} averaged over no label: all "
+        f"{plural(target.numel, 'target')} are ignore_index ({ignored}), and a mean over none "
+        "is 0/0 = NaN; skip such batches, or divide the summed loss by max(count, 1)"
+    )
+    return Hit(0.9, [sentence])
+
+
+def _pairs(scalars: list[str]) -> list[tuple[str, str]]:
+    return [tuple(s.split("=", 1)) for s in scalars if "=" in s]  # type: ignore[misc]
 
 
 CAUSE = CauseUnit(INFO, rule=division_by_zero, fixes=(GUARD_ORIGIN,))
