@@ -149,10 +149,12 @@ def announce(
     grad_scale: float | None = None,
     loss_dtype: torch.dtype = torch.float32,
     batches: list[torch.Tensor] | None = None,
+    losses_add_up: bool = True,
 ) -> list[Verdict]:
     """One step as `StepHooks` announces a user's step: a forward, loss and backward per
-    micro-batch (the gradients as backward left them, still scaled), then the update."""
-    ctx = StepContext(run, step, None)
+    micro-batch (the gradients as backward left them, still scaled), then the update.
+    `losses_add_up=False`: the losses are whole micro-batches', as in `run_step`."""
+    ctx = StepContext(run, step, None, losses_add_up=losses_add_up)
     sentinel.step_started(ctx)
     for i, loss in enumerate(losses):
         ctx.batch = (batches[i] if batches is not None else torch.ones(2, 4),)
@@ -188,6 +190,16 @@ def test_a_batch_is_judged_only_in_a_step_that_failed_every_micro_batch_of_it():
     clean = [torch.ones(2, 4), torch.ones(2, 4)]
     (failed,) = announce(Sentinel(run), run, 2, [1.0, float("inf")], grad=0.1, batches=clean)
     assert failed.phase is Phase.LOSS
+
+
+@pytest.mark.parametrize(("add_up", "loss"), [(True, 2.5), (False, 1.25)])
+def test_a_steps_loss_is_what_a_trainer_logs_for_its_micro_batches(add_up, loss):
+    """A user's loop backpropagates `loss / accum` in each micro-batch: the step's loss is
+    the sum of those parts (as Trainer and Lightning log it; their mean was 1/N of it).
+    nandoctor's own step announces each micro-batch's whole loss: their mean."""
+    run = hooked_run()
+    (verdict,) = announce(Sentinel(run), run, 0, [1.0, 1.5], grad=0.1, losses_add_up=add_up)
+    assert verdict.reading.loss == loss
 
 
 def test_a_nonfinite_loss_is_not_overwritten_by_the_next_micro_batch():

@@ -406,7 +406,7 @@ class StepHooks:
         return self.ctx
 
     def _open(self, batch: Any) -> StepContext:
-        ctx = StepContext(self.run, self.step, batch)
+        ctx = StepContext(self.run, self.step, batch, losses_add_up=True)
         if self.on_step_start is not None:
             self.on_step_start(ctx)
         self.ctx, self._worked, self._clocked, self._backwarded = ctx, False, False, False

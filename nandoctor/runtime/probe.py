@@ -66,6 +66,11 @@ class StepContext:
     # unscaled them first (`run_step`); a user's loop unscales after backward, if ever
     grad_scale: torch.Tensor | None = None
     micro_batch: int | None = None  # gradient accumulation: the micro-batch under way
+    # NB: with several losses in a step (accumulation): True where each is the part a
+    # user's loop backpropagates (`loss / accum`, as trainers write it), so the step's
+    # loss is their sum; in nandoctor's own step each is a micro-batch's whole loss, and
+    # the step's is their mean
+    losses_add_up: bool = False
 
     @property
     def phase(self) -> Phase | None:

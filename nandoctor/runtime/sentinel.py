@@ -251,9 +251,9 @@ class Sentinel(Probe):
 
     def _loss_ended(self, loss: torch.Tensor) -> None:
         kept = self._flags.get("loss")
-        # NB: with several losses in a step (accumulation), the step's is their mean, as a
-        # trainer logs it: non-finite exactly when one of them is (summed in float64, so
-        # that finite float16 losses never overflow the sum)
+        # NB: with several losses in a step (accumulation), the step's is their sum or
+        # mean (`StepContext.losses_add_up`), as a trainer logs it: non-finite exactly when
+        # one of them is (summed in float64: finite float16 losses never overflow the sum)
         self._flags["loss"] = loss if kept is None else kept.double() + loss.double()
         self._loss_parts += 1
 
@@ -310,12 +310,11 @@ class Sentinel(Probe):
         device = self._device()
         has_scale = "scale" in self._flags
         if self._reads_at_once(device):
-            self._pending.append(
-                _Pending(ctx.step, self._read_now(), None, has_scale, self._batches)
-            )
+            row = self._read_now(ctx.losses_add_up)
+            self._pending.append(_Pending(ctx.step, row, None, has_scale, self._batches))
             self._forget_step()
             return
-        if self._loss_parts > 1:
+        if self._loss_parts > 1 and not ctx.losses_add_up:
             self._flags["loss"] = self._flags["loss"] / self._loss_parts
         self._loss_parts = 0
         packed = torch.stack([self._slot(k, device) for k in _SLOTS])
@@ -343,7 +342,7 @@ class Sentinel(Probe):
         self._flags, self._grads, self._squares, self._host_squares = {}, None, [], []
         self._batches, self._losses, self._updated = [], [], False
 
-    def _read_now(self) -> list[float]:
+    def _read_now(self, losses_add_up: bool = False) -> list[float]:
         """The CPU's reading, read as the step ends: the flags and values the step set and
         the gradients' sums of squares (one per tensor, or clipping's total), which become
         the gradients' norm and their flag here.
@@ -362,8 +361,9 @@ class Sentinel(Probe):
         read = read[len(flags) :]
         if len(losses) == 1:  # NB: the common case
             row[_LOSS] = losses[0]
-        elif losses:  # with several (accumulation), their mean: non-finite if one is
-            row[_LOSS] = sum(losses) / len(losses)
+        elif losses:  # with several (accumulation): non-finite if one is
+            total = sum(losses)  # NB: the parts a user's loop divided (`StepContext`)
+            row[_LOSS] = total if losses_add_up else total / len(losses)
         if self._grads is not None:
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
             bad = self._grads_bad(norm)
