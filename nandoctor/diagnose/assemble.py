@@ -110,10 +110,12 @@ def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNon
         return None
     found = located.finding if located is not None else None
     if found is None:
+        # NB: False: a replay ran and saw nothing; None: nothing was replayed (`with` form)
+        reproduced = False if located is not None else None
         found = batch_finding(failure)
         if found is not None:  # NB: the sentinel kept the batch: named, not replayed
-            return dataclasses.replace(_first_of(failure.step, found), reproduced=False)
-        return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=False)
+            return dataclasses.replace(_first_of(failure.step, found), reproduced=reproduced)
+        return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=reproduced)
     return _first_of(failure.step, found)
 
 
