@@ -151,6 +151,20 @@ def test_float16_overflow_recomputed_finite_in_float32():
     assert "gives |x| up to 8.1e+04 in float32" in rank(c)[0].evidence[0]
 
 
+def test_an_overflow_a_climbing_loss_led_to_yields_to_the_learning_rate():
+    """A 1000x learning rate: the loss climbed for steps, then an op overflowed float16.
+    The overflow is where the divergence showed (bfloat16 let the same run climb to a
+    loss of 376): learning-rate-too-high ranks first, fp16-overflow says why it is not."""
+    climbing = Trends(10, 1.0, 2.0, 2.4, 1, 9.3, 1.5, 0, 0)  # 2.4 at step 1, then up to 9.3
+    facts = dataclasses.replace(FACTS, lr=1.8)
+    c = case("aten.addmm.default", value="inf", inputs=[stats(absmax=30000.0)],
+             recompute=Recompute("float32", True, 81000.0), trends=climbing, facts=facts,
+             update=UpdateRatio(9, 0.38, 0.5, "fc.weight"))  # fmt: skip
+    causes = {cause.id: cause for cause in rank(c)}
+    assert ids(c)[0] == "learning-rate-too-high"
+    assert "the loss had been climbing since step 1" in causes["fp16-overflow"].evidence[-1]
+
+
 def test_no_overflow_claim_when_float32_overflows_too():
     c = case(
         "aten.div.Tensor",

@@ -87,6 +87,29 @@ class Case:
         return op_base(self.first.op)
 
     @property
+    def diverged_since(self) -> int | None:
+        """The step from which the loss diverged, before or with the gradients, for at
+        least MIN_RISE_STEPS steps before the failure: a failure that divergence led to
+        (a rate too high), whatever op it reached first; None otherwise."""
+        t = self.trends
+        onset = t.loss_onset
+        led = onset is not None and (t.grad_onset is None or onset <= t.grad_onset)
+        if onset is None or not led or self.first.step - onset < MIN_RISE_STEPS:
+            return None
+        return onset
+
+    @property
+    def climbed_since(self) -> int | None:
+        """The step of the loss's best, from which it climbed back (at least 2x, still
+        rising) for at least MIN_RISE_STEPS steps before the failure; None otherwise."""
+        t = self.trends
+        best = t.loss_min_step
+        rising = (t.loss_rise or 0) >= 2 and (t.loss_late_slope or 0) > 0
+        if best is None or not rising or self.first.step - best < MIN_RISE_STEPS:
+            return None
+        return best
+
+    @property
     def backward_of(self) -> str:
         """The forward function whose backward failed: "sqrt" for "torch.sqrt (SqrtBackward0)"."""
         text = self.evidence.backward_of or ""
@@ -124,6 +147,8 @@ class Case:
     def zeros_in_inputs(self) -> int:
         return sum(i.zeros for i in self.evidence.inputs)
 
+
+MIN_RISE_STEPS = 5  # a loss rise counts when it lasted this many steps: more than a blip
 
 _DUNDER = {"__truediv__": "div", "__rtruediv__": "div", "__pow__": "pow", "__rpow__": "pow"}
 

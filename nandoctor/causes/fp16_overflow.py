@@ -71,7 +71,16 @@ def _overflow_here(case: Case) -> Hit | None:
     if not evidence:
         return None
     confidence = 0.9 if len(evidence) > 1 or evidence[0].startswith(case.first.op or "-") else 0.6
-    return Hit(confidence - (0.15 if case.first.phase == "backward" else 0.0), evidence)
+    confidence -= 0.15 if case.first.phase == "backward" else 0.0
+    since = case.diverged_since
+    since = since if since is not None else case.climbed_since
+    if since is not None:  # NB: the overflow is where a divergence met 65504, not its cause
+        evidence.append(
+            f"but the loss had been climbing since step {since}: float16's range is where "
+            "the divergence showed, and bfloat16 would only let it run on"
+        )
+        confidence -= 0.35
+    return Hit(confidence, evidence)
 
 
 EXPONENTIALS = frozenset({"exp", "exp2", "expm1", "pow", "cosh", "sinh"})

@@ -48,7 +48,6 @@ INFO = entry(
 )
 
 
-MIN_RISE_STEPS = 5  # a loss rise counts when it lasted this many steps: more than a blip
 JUMP = 10.0  # a scheduler that multiplied the rate this much in one step...
 RECENT = 50  # ...within this many steps before the failure is evidence on its own
 LARGE_UPDATE = 0.03  # a last update that moved the weights by this share of their norm
@@ -82,20 +81,18 @@ def _loss_rise(case: Case, evidence: list[str]) -> float:
     from its best; a rise of fewer than MIN_RISE_STEPS steps is not counted (a loss that
     jumps for the last two or three steps is the failure arriving, whatever its cause)."""
     t, failing = case.trends, case.first.step
-    onset = t.loss_onset
-    led = onset is not None and (t.grad_onset is None or onset <= t.grad_onset)
-    if onset is not None and led and failing - onset >= MIN_RISE_STEPS:
+    onset = case.diverged_since
+    if onset is not None:
         evidence.append(
             f"the loss diverged from step {onset}: from its best {num(t.loss_min)} "
             f"(step {t.loss_min_step}) up to {num(t.loss_last)}, before or with the gradients"
         )
         return 0.85
-    climbed_for = failing - t.loss_min_step if t.loss_min_step is not None else 0
-    rising = (t.loss_rise or 0) >= 2 and (t.loss_late_slope or 0) > 0
-    if rising and climbed_for >= MIN_RISE_STEPS:
+    best = case.climbed_since
+    if best is not None:
         evidence.append(
-            f"the loss climbed from its best {num(t.loss_min)} (step {t.loss_min_step}) back "
-            f"up to {num(t.loss_last)} over the {climbed_for} steps before the failure"
+            f"the loss climbed from its best {num(t.loss_min)} (step {best}) back "
+            f"up to {num(t.loss_last)} over the {failing - best} steps before the failure"
         )
         return 0.5
     return 0.0
