@@ -49,13 +49,15 @@ def test_non_iterable_data_is_a_config_error():
         take(BatchStream(lambda: 3, seed=0), 1)
 
 
-def test_data_raising_is_the_users_error():
+def test_data_raising_is_the_users_error_named_by_its_entrypoint():
     def make():
         yield 1
         raise OSError("disk gone")
 
-    with pytest.raises(UserCodeError, match="disk gone"):
-        take(BatchStream(make, seed=0), 3)
+    where = "data (train.py:build_data)"  # NB: as a session names its config's entrypoint
+    with pytest.raises(UserCodeError, match="disk gone") as caught:
+        take(BatchStream(make, seed=0, where=where), 3)
+    assert caught.value.message.startswith("data (train.py:build_data) raised OSError")
 
 
 def test_shuffled_batches_ignore_what_the_model_does_with_the_global_rng():

@@ -120,7 +120,10 @@ def test_a_healthy_two_rank_run(tmp_path):
 def test_a_rank_that_raises_ends_the_job_with_exit_3_and_its_error(tmp_path):
     proc, report = run_two_ranks(tmp_path, {"raise_rank": 1, "raise_step": 3})
     assert proc.returncode == 3
-    assert "rank 1: data raised RuntimeError: rank 1 could not read batch 3" in proc.stderr
+    assert (
+        "rank 1: data (train.py:build_data) raised RuntimeError: rank 1 could not read batch 3"
+        in proc.stderr
+    )
     assert report is None  # no half-written report
 
 

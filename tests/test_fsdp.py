@@ -116,7 +116,10 @@ def test_a_nan_born_in_rank_0s_backward_is_found_before_the_reduce_scatter(tmp_p
 def test_a_rank_that_raises_ends_the_fsdp_job_with_exit_3(tmp_path):
     proc, report = run_two_ranks(tmp_path, {"raise_rank": 1, "raise_step": 3}, extra=FSDP)
     assert proc.returncode == 3
-    assert "rank 1: data raised RuntimeError: rank 1 could not read batch 3" in proc.stderr
+    assert (
+        "rank 1: data (train.py:build_data) raised RuntimeError: rank 1 could not read batch 3"
+        in proc.stderr
+    )
     assert report is None  # no half-written report
 
 

@@ -39,8 +39,10 @@ class BatchStream:
         seed: int,
         start_step: int = 0,
         accum: int = 1,
+        where: str = "data",
     ):
         self._make = make
+        self._where = where  # NB: what an error names: `data (train.py:build_data)`
         self._start_step = start_step
         self._accum = accum
         self._torch_state = torch.Generator().manual_seed(seed).get_state()
@@ -93,7 +95,7 @@ class BatchStream:
         return self._private_rng(self._call_make) if isinstance(first, Iterator) else first
 
     def _call_make(self) -> Iterable[Any]:
-        with user_code("data"):
+        with user_code(self._where):
             return self._make()
 
     def _private_rng(self, fn: Callable[[], Any]) -> Any:
@@ -102,7 +104,7 @@ class BatchStream:
         torch.set_rng_state(self._torch_state)
         random.setstate(self._py_state)
         try:
-            with user_code("data"):
+            with user_code(self._where):
                 return fn()
         finally:
             self._torch_state, self._py_state = torch.get_rng_state(), random.getstate()

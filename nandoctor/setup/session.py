@@ -142,7 +142,8 @@ def build_session(loaded: LoadedConfig) -> Session:
         ckpt.restore_training_state(state, optimizer, scaler)
     start = state.step if state is not None else 0
     source = _data_source(config, base, ranks)
-    stream = BatchStream(source, config.seed, start, accum=config.grad_accum_steps)
+    where = f"data ({config.data})"
+    stream = BatchStream(source, config.seed, start, accum=config.grad_accum_steps, where=where)
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
     parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
     session = Session(config, loaded.path, *parts)
