@@ -64,9 +64,10 @@ def finding_of(
 
 def batch_finding(verdict: Verdict) -> Finding | None:
     """For a failure in the INPUT phase that no replay localised (the `with` form of Guard,
-    `watch --no-replay`, a replay past its budget): the first batch tensor the sentinel
-    kept that holds NaN or inf (an additive mask's -inf aside), named as the replay names
-    it (`input:labels`). The batch is all it takes to say which tensor held what."""
+    a replay past its budget or out of memory): the first batch tensor the sentinel kept
+    that holds NaN or inf (an additive mask's -inf aside), named as the replay names it
+    (`input:labels`). The batch is all it takes to say which tensor held what. NB: not
+    under `watch`, whose report is assembled in another process than the batch's."""
     if verdict.phase is not Phase.INPUT:
         return None
     for index, batch in enumerate(verdict.batches):
