@@ -78,7 +78,10 @@ def test_continue_lets_the_script_finish_and_still_exits_1(tmp_path, capfd):
     script = str(SCRIPTS / "nan_input.py")
     code, report = watch(tmp_path, PY, script, "3", "6", options=("--continue", "--no-replay"))
     assert code == 1 and "trained 6 steps" in capfd.readouterr().out
-    assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (3, "input")
+    first = report["first_nonfinite"]
+    assert (first["step"], first["phase"], first["reproduced"]) == (3, "input", None)
+    # NB: no replay, yet the batch tensor is named: the watched process described it
+    assert (first["tensor"], first["value"], first["count_nonfinite"]) == ("input:0", "nan", 1)
     assert report["causes"][0]["id"] == "nonfinite-input"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -66,10 +67,13 @@ def batch_finding(verdict: Verdict) -> Finding | None:
     """For a failure in the INPUT phase that no replay localised (the `with` form of Guard,
     a replay past its budget or out of memory): the first batch tensor the sentinel kept
     that holds NaN or inf (an additive mask's -inf aside), named as the replay names it
-    (`input:labels`). The batch is all it takes to say which tensor held what. NB: not
-    under `watch`, whose report is assembled in another process than the batch's."""
+    (`input:labels`). The batch is all it takes to say which tensor held what; under
+    `watch` the watched process described it (`Verdict.batch_named`, `named_fields`)."""
     if verdict.phase is not Phase.INPUT:
         return None
+    if not verdict.batches and verdict.batch_named is not None:
+        named = verdict.batch_named
+        return Finding(Phase.INPUT, None, None, source=None, **named)
     for index, batch in enumerate(verdict.batches):
         for path, t in named_tensors(batch):
             if t.is_floating_point() and bool(nonfinite_data([t], t.device)):
@@ -77,3 +81,9 @@ def batch_finding(verdict: Verdict) -> Finding | None:
                 micro = index if len(verdict.batches) > 1 else None
                 return replace(found, micro_batch=micro)
     return None
+
+
+def named_fields(found: Finding) -> dict[str, Any]:
+    """A batch finding as the plain data `Verdict.batch_named` carries across processes."""
+    keys = ("tensor", "value", "dtype", "shape", "count", "micro_batch")
+    return {k: getattr(found, k) for k in keys}

@@ -57,7 +57,7 @@ import math
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -155,6 +155,9 @@ class Verdict:
     # failed in INPUT: the step's batches (one per micro-batch) as the step saw them, so a
     # report without a replay still names the batch tensor that held the NaN
     batches: list[object] = field(default_factory=list)
+    # the same, described where the batches cannot travel (a watched process's verdict,
+    # written as JSON for `watch`): the bad tensor's name, value, dtype, shape and count
+    batch_named: dict[str, Any] | None = None
 
     @property
     def collapsed(self) -> bool:

@@ -222,7 +222,10 @@ class Watched:
 
 
 def _plain(verdict: Verdict) -> dict[str, Any]:
-    """The verdict as JSON data, without the batch tensors it keeps for an input failure
-    (the report's process names the phase; only a replay, or a sentinel in the same
-    process, names the batch tensor)."""
-    return dataclasses.asdict(dataclasses.replace(verdict, batches=[]))
+    """The verdict as JSON data: the batch tensors it keeps for an input failure stay
+    here, described (the report is assembled in `watch`'s own process)."""
+    from nandoctor.localize.finding import batch_finding, named_fields
+
+    found = batch_finding(verdict)
+    named = named_fields(found) if found is not None else None
+    return dataclasses.asdict(dataclasses.replace(verdict, batches=[], batch_named=named))
