@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 
 from nandoctor.lint.source import Source
 
@@ -125,6 +126,14 @@ def log_input(src: Source, call: ast.Call) -> ast.expr | None:
     if call.args or call.keywords:
         return None  # NB: Tensor.log takes no arguments; logger.log(...) does
     return method_receiver(src, call, LOG_METHODS)
+
+
+def logs(src: Source) -> Iterator[tuple[ast.Call, ast.expr]]:
+    """Each torch log call of the file, with the tensor it takes the log of."""
+    for call in src.calls:
+        argument = log_input(src, call)
+        if argument is not None:
+            yield call, argument
 
 
 def log_name(src: Source, call: ast.Call) -> str:

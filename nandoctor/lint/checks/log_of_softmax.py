@@ -79,10 +79,7 @@ h = math.log(2) + np.log(softmax(scores)).sum()  # not torch
     valid=VALID,
 )
 def log_of_softmax(src: Source) -> Iterator[Hit]:
-    for call in src.calls:
-        argument = patterns.log_input(src, call)
-        if argument is None:
-            continue
+    for call, argument in patterns.logs(src):
         tags = src.flow.tags(argument)
         softmax = [t for t in tags if t.kind is Kind.SOFTMAX]
         padded = [t for t in tags if t.kind is Kind.SOFTMAX_EPS]

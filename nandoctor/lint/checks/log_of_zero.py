@@ -52,10 +52,7 @@ safe = torch.log((1 - p).clamp_min(1e-4))
     valid=VALID,
 )
 def log_of_zero(src: Source) -> Iterator[Hit]:
-    for call in src.calls:
-        argument = patterns.log_input(src, call)
-        if argument is None:
-            continue
+    for call, argument in patterns.logs(src):
         complement = src.flow.of_kind(argument, Kind.COMPLEMENT)
         if complement:
             origin = complement[0].origin
