@@ -26,8 +26,7 @@ def environment_of(
     return Environment(
         device=str(objects.device or "cpu"),
         torch=torch.__version__,
-        # NB: a Session knows the dtype it computes in (FSDP's param_dtype, without autocast)
-        dtype=_name(getattr(objects, "compute_dtype", objects.dtype)) or "float32",
+        dtype=_computed_in(objects),
         grad_scaler=objects.scaler is not None,
         threads=torch.get_num_threads(),
         autocast_policy=autocast_policy,
@@ -59,8 +58,7 @@ def facts_of(
     lr, lr_start, lr_jump = _rates(group, lrs, failing)
     scheduler = objects.scheduler
     return RunFacts(
-        # NB: a Session knows the dtype it computes in (FSDP's param_dtype, without autocast)
-        dtype=_name(getattr(objects, "compute_dtype", objects.dtype)) or "float32",
+        dtype=_computed_in(objects),
         grad_scaler=objects.scaler is not None,
         clip_grad_norm=objects.clip_grad_norm,
         optimizer=type(optimizer).__name__ if optimizer is not None else "unknown",
@@ -87,6 +85,12 @@ def _rates(
     if lrs is not None and lrs.changes and failing is not None:
         return lrs.at(failing), lrs.start(), lrs.largest_jump(failing)
     return _number(group.get("lr")), _number(group.get("initial_lr")), None
+
+
+def _computed_in(objects: TrainingObjects) -> str:
+    """The dtype forward and backward compute in, by name: a Session knows it (FSDP's
+    param_dtype without autocast); other objects, their autocast's."""
+    return _name(getattr(objects, "compute_dtype", objects.dtype)) or "float32"
 
 
 def _name(dtype: torch.dtype | None) -> str | None:

@@ -42,7 +42,8 @@ def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRat
     ratio = (torch.stack(deltas).norm() / norm.clamp_min(1e-12)).item()
     per = torch.stack(ratios).nan_to_num(nan=math.inf).tolist()  # NB: NaN after: broken
     broken = [k for k, r in enumerate(per) if r == math.inf]
-    i = max(broken or _telling(before, norms), key=lambda k: per[k])
+    sizes = torch.stack(norms).tolist()  # NB: one host read, not one per parameter
+    i = max(broken or _telling(before, sizes), key=lambda k: per[k])
     largest = names.get(id(before[i][0]), "?")
     if not norm.isfinite():
         ratio = math.nan  # the weights were non-finite before the step: nothing measured
@@ -51,11 +52,11 @@ def update_ratio(model: nn.Module, step: int, before: ParamsBefore) -> UpdateRat
     return UpdateRatio(step=step, ratio=ratio, largest=per[i], largest_param=largest)
 
 
-def _telling(before: ParamsBefore, norms: list[torch.Tensor]) -> list[int]:
+def _telling(before: ParamsBefore, sizes: list[float]) -> list[int]:
     """The parameters whose ratio says something: the weight matrices (a zero-initialised
     bias or norm shift moved by 1e-3 is a ratio of 1e9, and no sign of a rate too high),
-    then any with a norm; all of them where none qualifies."""
-    sized = [k for k, n in enumerate(norms) if n.item() > 0 or not n.isfinite()]
+    then any with a norm; all of them where none qualifies. `sizes`: their norms before."""
+    sized = [k for k, n in enumerate(sizes) if n > 0 or not math.isfinite(n)]
     matrices = [k for k in sized if before[k][1].dim() >= 2]
     return matrices or sized or list(range(len(before)))
 

@@ -339,8 +339,9 @@ def nonfinite_data(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     and -inf mask's infs are deliberate: `additive_mask`). A 0-dim bool on `device`, read
     on the host only when a step failed on the CPU; on other devices judged there, per
     tensor, without a host read (the step's flags are read together, later)."""
-    if device.type == "cpu":
-        return nonfinite([t for t in tensors if not additive_mask(t)], device)
+    if device.type == "cpu":  # NB: a mask is looked for only in a non-finite tensor
+        bad = any(bool(nonfinite([t], device)) and not additive_mask(t) for t in tensors)
+        return torch.tensor(bad, device=device)
     flags = [nonfinite([t], device) & ~_mask_flag(t).to(device) for t in _checkable(tensors)]
     return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=device)
 
