@@ -369,6 +369,73 @@ def test_two_with_guards_on_a_gan_each_count_their_own_models_steps(order):
     assert guards["G"].report is None and guards["G"].result.steps_completed == 3
 
 
+def gan_fp16(nan_at: int | None = None):
+    """A GAN's float16 loop with one GradScaler, whose first steps overflow (2**20): each
+    step trains the discriminator, then the generator, each optimizer zeroed just before
+    its own backward. `nan_at`: that step's real batch holds a NaN."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 1e-3), torch.optim.Adam(D.parameters(), 1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(6, 4, generator=g), torch.randn(6, 8, generator=g)) for _ in range(12)]
+    if nan_at is not None:
+        batches[nan_at][1][2, 2] = float("nan")
+
+    def train_step(batch):
+        z, real = batch
+        with torch.autocast("cpu", dtype=torch.float16):
+            fake = G(z)
+            loss_d = F.softplus(-D(real)).mean() + F.softplus(D(fake.detach())).mean()
+        opt_d.zero_grad()
+        scaler.scale(loss_d).backward()
+        scaler.step(opt_d)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss_g = F.softplus(-D(fake)).mean()
+        opt_g.zero_grad()
+        scaler.scale(loss_g).backward()
+        scaler.step(opt_g)
+        scaler.update()
+
+    return (G, D, opt_g, opt_d, scaler), batches, train_step
+
+
+def test_guard_step_on_a_gans_fp16_loop_rechecks_its_skips_and_changes_nothing():
+    """Every overflow skip of the shared GradScaler is rechecked at scale 1 (the step
+    rerun, the generator's gradients still the skipped step's when the discriminator's
+    backward ends: not this step's, so no failure) and the run goes on exactly as it
+    would without the guard: both models and both optimizers bit-identical (the
+    discriminator and its optimizer, met as the loop ran, are put back after each
+    recheck too)."""
+    (G, D, opt_g, opt_d, _), batches, train_step = gan_fp16()
+    for batch in batches:
+        train_step(batch)
+    plain = [m.state_dict() for m in (G, D)], [o.state_dict() for o in (opt_g, opt_d)]
+
+    objects, batches, train_step = gan_fp16()
+    guard = Guard(objects[0], objects[2], objects[4])
+    for batch in batches:
+        guard.step(train_step, batch)
+    assert guard.report is None and len(guard.rechecked) >= 3
+    for model, kept in zip(objects[:2], plain[0], strict=True):
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in kept.items())
+    for opt, kept in zip(objects[2:4], plain[1], strict=True):
+        now = opt.state_dict()["state"]
+        kept_state = kept["state"].items()
+        assert all(torch.equal(now[i][k], v) for i, s in kept_state for k, v in s.items())
+
+
+def test_guard_step_on_a_gans_fp16_loop_names_its_bad_batch():
+    (G, _, opt_g, _, scaler), batches, train_step = gan_fp16(nan_at=8)
+    guard = Guard(G, opt_g, scaler)
+    with pytest.raises(NonFiniteError) as caught:
+        for batch in batches:
+            guard.step(train_step, batch)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase) == (8, "input")
+
+
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     model, optimizer, batches, train_step = tiny_loop()
     with Guard(model, optimizer) as guard:

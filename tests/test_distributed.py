@@ -198,7 +198,8 @@ ranks = Ranks(rank, 2, rank, torch.device("cpu"))
 model = nn.Linear(8, 4 if rank == 0 else 6)  # unequal states, as uneven shards are
 optimizer = torch.optim.Adam(model.parameters())
 objects = types.SimpleNamespace(
-    model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu")
+    model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu"),
+    others=[], optimizers=[optimizer],
 )
 # one step between snapshots per 20 bytes: the ranks' states ask for periods within bounds
 snapshot.AUTO_BYTES_PER_STEP = 20

@@ -238,7 +238,8 @@ model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))  # 3 rows: 
 fsdp.shard(model, DistributedConfig(strategy="fsdp"), Ranks(rank, 2, rank, torch.device("cpu")))
 optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
 objects = types.SimpleNamespace(
-    model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu")
+    model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu"),
+    others=[], optimizers=[optimizer],
 )
 seeds = [torch.Generator().manual_seed(10 * rank + i) for i in (0, 1, 2)]
 batches = [torch.randn(4, 8, generator=g) for g in seeds]

@@ -158,6 +158,38 @@ def test_a_parameter_the_optimizer_trains_outside_the_model_is_kept_and_restored
     assert temperature.item() == 0.5 and torch.equal(model.weight, weight)
 
 
+def test_a_followed_gans_second_model_and_optimizer_are_kept_and_restored():
+    """A loop's other root module and its optimizer (a GAN's discriminator), met as the
+    loop ran: a rewind puts them back too, weights, buffers and the optimizer's state,
+    or a replay (a recheck of every GradScaler skip) would leave them trained twice. An
+    optimizer met after the capture stays as it is."""
+    torch.manual_seed(0)
+    G, D = nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 1), nn.BatchNorm1d(1))
+    opt_g, opt_d = torch.optim.Adam(G.parameters(), 0.1), torch.optim.Adam(D.parameters(), 0.1)
+    run = HookedRun(model=G, others=[D])
+    run.note_optimizer(opt_g)
+    run.note_optimizer(opt_d)
+
+    def train() -> None:
+        for opt, loss in ((opt_d, D(G(torch.randn(8, 4)).detach()).mean()), (opt_g, None)):
+            opt.zero_grad()
+            (loss if loss is not None else -D(G(torch.randn(8, 4))).mean()).backward()
+            opt.step()
+
+    train()  # NB: the optimizers' state exists
+    store = SnapshotStore(run, every=1)
+    store.before_step(1, (torch.randn(8, 4),))
+    kept = {k: v.clone() for k, v in D.state_dict().items()}
+    kept_avg = opt_d.state[D[0].weight]["exp_avg"].clone()
+    late = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+    run.note_optimizer(late)
+    train()
+    assert not torch.equal(D.state_dict()["1.running_mean"], kept["1.running_mean"])
+    store.rewind_to(1)
+    assert all(torch.equal(D.state_dict()[k], v) for k, v in kept.items())
+    assert torch.equal(opt_d.state[D[0].weight]["exp_avg"], kept_avg)
+
+
 def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):
     session = session_of(project, tmp_path, loss="dropout.py:mutating_loss")
     store, probe = SnapshotStore(session), Losses()

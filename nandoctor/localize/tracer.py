@@ -40,6 +40,7 @@ from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects
+from nandoctor.runtime.step_grads import StepGradients
 from nandoctor.runtime.tensors import additive_mask, local, named_tensors, nonfinite
 
 __all__ = ["Finding", "Tracer"]
@@ -71,6 +72,7 @@ class Tracer(Probe):
         self._nodes: dict[Any, NodeInfo] = {}
         # NB: origins born since this micro-batch began, and when its INPUT phase began
         self._micro_from = self._input_from = 0
+        self._step_grads = StepGradients()  # NB: a GAN's other gradients, the last step's
         self.provenance = Provenance()
         self._stack = contextlib.ExitStack()
 
@@ -103,7 +105,9 @@ class Tracer(Probe):
     def step_started(self, ctx: StepContext) -> None:
         self.ctx = ctx
         with self.quiet():
-            for root, name, p in self._parameters():
+            parameters = self._parameters()
+            self._step_grads.begin(p for _, _, p in parameters)
+            for root, name, p in parameters:
                 shard = local(p)  # NB: sharded (FSDP): this rank's shard, by the full name
                 if _has_nonfinite(shard):
                     owner = name.rpartition(".")[0]
@@ -128,7 +132,8 @@ class Tracer(Probe):
             elif phase is Phase.LOSS and ctx.loss is not None:
                 self._reach(phase, [("output", ctx.loss, 0)])
             elif phase is Phase.BACKWARD:
-                self._reach(phase, [(f"grad:{n}", p.grad, r) for r, n, p in self._parameters()])
+                made = self._step_grads.made
+                self._reach(phase, [(f"grad:{n}", made(p), r) for r, n, p in self._parameters()])
             elif phase is Phase.OPTIMIZER:
                 self._reach(phase, [(f"param:{n}", p, r) for r, n, p in self._parameters()])
 

@@ -28,6 +28,7 @@ from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.state import TrainingObjects, device_of
+from nandoctor.runtime.step_grads import StepGradients
 from nandoctor.runtime.tensors import nonfinite
 
 
@@ -40,11 +41,15 @@ class GradientCheck(Probe):
     def __init__(self, objects: TrainingObjects) -> None:
         self.objects = objects
         self._flag: torch.Tensor | None = None
+        self._step_grads = StepGradients()  # NB: the rerun starts on the skipped step's
+
+    def step_started(self, ctx: StepContext) -> None:
+        self._step_grads.begin(self.objects.params)
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is not Phase.BACKWARD:
             return
-        grads = [p.grad for p in self.objects.params if p.grad is not None]
+        grads = self._step_grads.of(self.objects.params)
         flag = nonfinite(grads, device_of(self.objects))
         self._flag = flag if self._flag is None else self._flag | flag
 

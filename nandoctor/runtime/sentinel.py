@@ -64,6 +64,7 @@ import torch
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects, device_of
+from nandoctor.runtime.step_grads import StepGradients
 from nandoctor.runtime.tensors import (
     floating,
     gradient_check,
@@ -219,12 +220,14 @@ class Sentinel(Probe):
         self._zeros: dict[torch.device, torch.Tensor] = {}
         self._at_once: tuple[torch.device, bool] | None = None  # `_reads_at_once`, kept
         self._checked_params_once = False
+        self._step_grads = StepGradients()  # NB: a GAN's other gradients, still the last step's
         self._judge = Judge.for_scaler(objects.scaler, recheck)
         self._judged_scaler = objects.scaler
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
         self._forget_step()
+        self._step_grads.begin(self.objects.params)
         if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
             params = self.objects.params  # NB: a hooked run may not know them before a step
             if params:
@@ -276,7 +279,7 @@ class Sentinel(Probe):
 
     def _grads_ended(self, ctx: StepContext) -> None:
         device = self._device()
-        grads = [p.grad for p in self.objects.params if p.grad is not None]
+        grads = self._step_grads.of(self.objects.params)
         # NB: sharded (FSDP): this rank's shards; clip's norm is the whole model's, not theirs
         clip_norm = None if self._sharded else ctx.grad_norm
         carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is

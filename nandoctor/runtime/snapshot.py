@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
@@ -84,10 +84,14 @@ class StateSnapshot:
     # the optimizer's parameters the model does not hold (a learnable temperature in the
     # loss), by their place among the optimizer's parameters
     unowned: dict[int, torch.Tensor] = field(default_factory=dict)
+    # the other root modules and optimizers a followed loop trains (a GAN's discriminator
+    # and its optimizer): put back with the rest, or a replay would leave them changed
+    others: list[_Other] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes([self.model, self.optimizer.get("state", {}), self.unowned])
+        kept = [self.model, self.optimizer.get("state", {}), self.unowned]
+        return tensor_bytes(kept + [[o.state, o.unowned] for o in self.others])
 
     def capture(self, objects: TrainingObjects, step: int) -> None:
         model, optimizer = model_and_optimizer(objects)
@@ -97,13 +101,16 @@ class StateSnapshot:
         # call per tensor); the copies run outside autograd. FSDP: this rank's shards
         held = model.state_dict(keep_vars=True)
         copies.into(self.model, sharded.local_state(held))
-        copies.into(self.unowned, _unowned(optimizer, held))
-        state = sharded.local_optimizer_state(optimizer.state_dict())
-        kept = self.optimizer.get("state", {})
-        self.optimizer = {
-            "state": {i: copies.into(kept.get(i, {}), s) for i, s in state["state"].items()},
-            "param_groups": copy.deepcopy(state["param_groups"]),
-        }
+        modules, optimizers = _others(objects, model, optimizer)
+        states = [m.state_dict(keep_vars=True) for m in modules]
+        owned = {id(t) for state in [held, *states] for t in state.values()}
+        copies.into(self.unowned, _unowned(optimizer, owned))
+        self.optimizer = _optimizer_copy(optimizer, self.optimizer, copies)
+        kept = {id(o.owner): o for o in self.others}
+        self.others = [
+            _Other.of_module(m, state, kept.get(id(m)), copies)
+            for m, state in zip(modules, states, strict=True)
+        ] + [_Other.of_optimizer(o, owned, kept.get(id(o)), copies) for o in optimizers]
         copies.run()
         self.scaler = amp.capture(objects.scaler)
         scheduler = objects.scheduler
@@ -116,15 +123,14 @@ class StateSnapshot:
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)  # the async copies into host memory are done
         model.load_state_dict(sharded.model_state_like(model, self.model))
-        unowned = _unowned(optimizer, model.state_dict(keep_vars=True))
-        with torch.no_grad():
-            for i, param in unowned.items():
-                kept = self.unowned.get(i)  # NB: none for a parameter added since
-                if kept is not None and kept.shape == param.shape:
-                    param.copy_(kept)
-        # NB: load_state_dict keeps tensors that already sit on the right device and dtype,
-        # and the optimizer then updates them in place: hand it copies, keep ours intact.
-        optimizer.load_state_dict(sharded.optimizer_state_like(optimizer, _cloned(self.optimizer)))
+        modules = [o.owner for o in self.others if isinstance(o.owner, nn.Module)]
+        owned = {id(t) for m in [model, *modules] for t in m.state_dict(keep_vars=True).values()}
+        _restore_optimizer(optimizer, self.optimizer, self.unowned, owned)
+        for other in self.others:  # NB: those met since the capture stay as they are
+            if isinstance(other.owner, nn.Module):
+                other.owner.load_state_dict(sharded.model_state_like(other.owner, other.state))
+            else:
+                _restore_optimizer(other.owner, other.state, other.unowned, owned)
         amp.restore(objects.scaler, self.scaler)
         if objects.scheduler is not None and self.scheduler is not None:
             objects.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
@@ -132,12 +138,86 @@ class StateSnapshot:
             self.rng.restore()
 
 
-def _unowned(optimizer: torch.optim.Optimizer, held: dict[str, Any]) -> dict[int, Tensor]:
-    """The optimizer's plain (unsharded) parameters that are not among the model's state
-    `held`, by their place among its parameters: the snapshot keeps their values too."""
-    ids = {id(t) for t in held.values()}
+@dataclass
+class _Other:
+    """Another root module's state, or another optimizer's (with its parameters no module
+    holds, by place), kept with the object itself: one the loop met after the capture is
+    not in the snapshot, and a restore leaves it as it is."""
+
+    owner: nn.Module | torch.optim.Optimizer
+    state: dict[str, Any]
+    unowned: dict[int, Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of_module(
+        cls, module: nn.Module, state: dict[str, Any], kept: _Other | None, copies: _Copies
+    ) -> _Other:
+        buffers = kept.state if kept is not None else {}
+        return cls(module, copies.into(buffers, sharded.local_state(state)))
+
+    @classmethod
+    def of_optimizer(
+        cls, optimizer: torch.optim.Optimizer, owned: set[int], kept: _Other | None, copies: _Copies
+    ) -> _Other:
+        unowned = copies.into(kept.unowned if kept else {}, _unowned(optimizer, owned))
+        return cls(
+            optimizer, _optimizer_copy(optimizer, kept.state if kept else {}, copies), unowned
+        )
+
+
+def _others(
+    objects: TrainingObjects, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[list[nn.Module], list[torch.optim.Optimizer]]:
+    """The root modules and optimizers besides `model` and `optimizer`; one optimizer per
+    set of parameters (a wrapper such as accelerate's and the one inside it step the same)."""
+    modules = [m for m in objects.others if m is not model]
+    seen = [_param_ids(optimizer)]
+    optimizers = []
+    for o in objects.optimizers:
+        ids = _param_ids(o)
+        if ids not in seen:
+            seen.append(ids)
+            optimizers.append(o)
+    return modules, optimizers
+
+
+def _param_ids(optimizer: torch.optim.Optimizer) -> set[int]:
+    return {id(p) for group in optimizer.param_groups for p in group["params"]}
+
+
+def _optimizer_copy(
+    optimizer: torch.optim.Optimizer, kept: dict[str, Any], copies: _Copies
+) -> dict:
+    """The optimizer's state, planned into `kept`'s host buffers (`_Copies`)."""
+    state = sharded.local_optimizer_state(optimizer.state_dict())
+    buffers = kept.get("state", {})
+    return {
+        "state": {i: copies.into(buffers.get(i, {}), s) for i, s in state["state"].items()},
+        "param_groups": copy.deepcopy(state["param_groups"]),
+    }
+
+
+def _restore_optimizer(
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    unowned: dict[int, Tensor],
+    owned: set[int],
+) -> None:
+    with torch.no_grad():
+        for i, param in _unowned(optimizer, owned).items():
+            kept = unowned.get(i)  # NB: none for a parameter added since
+            if kept is not None and kept.shape == param.shape:
+                param.copy_(kept)
+    # NB: load_state_dict keeps tensors that already sit on the right device and dtype,
+    # and the optimizer then updates them in place: hand it copies, keep ours intact.
+    optimizer.load_state_dict(sharded.optimizer_state_like(optimizer, _cloned(state)))
+
+
+def _unowned(optimizer: torch.optim.Optimizer, owned: set[int]) -> dict[int, Tensor]:
+    """The optimizer's plain (unsharded) parameters that no module's state holds (`owned`:
+    their ids), by their place among its parameters: the snapshot keeps their values too."""
     params = (p for group in optimizer.param_groups for p in group["params"])
-    return {i: p for i, p in enumerate(params) if id(p) not in ids and local(p) is p}
+    return {i: p for i, p in enumerate(params) if id(p) not in owned and local(p) is p}
 
 
 class _Copies:
@@ -347,5 +427,7 @@ class SnapshotStore:
 def state_bytes(objects: TrainingObjects) -> int:
     """Bytes of weights, buffers and optimizer state: what one snapshot copies."""
     model, optimizer = model_and_optimizer(objects)
-    tensors = [*model.state_dict().values(), *iter_tensors(list(optimizer.state.values()))]
+    modules, optimizers = _others(objects, model, optimizer)
+    tensors = [t for m in [model, *modules] for t in m.state_dict().values()]
+    tensors += iter_tensors([list(o.state.values()) for o in [optimizer, *optimizers]])
     return sum(local(t).numel() * t.element_size() for t in tensors)  # FSDP: this rank's shard

@@ -48,6 +48,16 @@ class TrainingObjects(Protocol):
         ...
 
     @property
+    def others(self) -> list[nn.Module]:
+        """The other root modules the loop trains (a GAN's discriminator), if any."""
+        ...
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimizer known to step (a GAN's two); `optimizer` is among them."""
+        ...
+
+    @property
     def start_step(self) -> int:
         """The number of the first step (a resumed run does not start at 0)."""
         ...

@@ -36,8 +36,8 @@ def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepConte
     clips and steps once (`ctx.micro_batch` says which one is under way)."""
     parts = batch.batches if isinstance(batch, MicroBatches) else (batch,)
     ctx = StepContext(session, step, batch)
+    session.optimizer.zero_grad(set_to_none=True)  # NB: first: no gradient is carried over
     probe.step_started(ctx)
-    session.optimizer.zero_grad(set_to_none=True)
     for index, part in enumerate(parts):
         ctx.micro_batch = index if isinstance(batch, MicroBatches) else None
         _forward_backward(session, ctx, probe, part, last=index == len(parts) - 1)

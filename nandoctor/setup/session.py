@@ -70,6 +70,14 @@ class Session:
         return self._params
 
     @property
+    def others(self) -> list[torch.nn.Module]:
+        return []  # NB: a config trains one model
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
+    @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype forward and backward compute in: autocast's, or, where a float32 run
         shards with FSDP's MixedPrecisionPolicy, its `param_dtype` (the common way to train
