@@ -436,6 +436,51 @@ def test_guard_step_on_a_gans_fp16_loop_names_its_bad_batch():
     assert (first.step, first.phase) == (8, "input")
 
 
+@pytest.mark.parametrize("form", ["step", "with"])
+def test_an_lbfgs_loops_bad_batch_is_the_input_not_weights_broken_before_the_step(form):
+    """`optimizer.step(closure)` with L-BFGS evaluates its closure several times a step,
+    moving the weights in between: a NaN batch makes the first loss NaN, and L-BFGS then
+    the weights. The weights the step began with were finite: phase input, not
+    parameters (the `with` form had judged a later closure's loss against the weights
+    L-BFGS had moved within the step). A clean run stays healthy in both forms."""
+
+    def run(nan_at: int | None) -> Guard:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+        g = torch.Generator().manual_seed(1)
+        data = [
+            (torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)) for _ in range(8)
+        ]
+        if nan_at is not None:
+            data[nan_at][0][3, 3] = float("nan")
+
+        def train_step(batch):
+            x, y = batch
+
+            def closure():
+                optimizer.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            optimizer.step(closure)
+
+        guard = Guard(model, optimizer, raise_error=False)
+        watching = guard if form == "with" else contextlib.nullcontext()
+        with watching:
+            for batch in data:
+                guard.step(train_step, batch) if form == "step" else train_step(batch)
+                if guard.report is not None:
+                    break
+        return guard
+
+    healthy = run(None)
+    assert healthy.report is None and healthy.result.steps_completed == 8
+    first = run(nan_at=5).report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (5, "input", "input:0")
+
+
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     model, optimizer, batches, train_step = tiny_loop()
     with Guard(model, optimizer) as guard:

@@ -358,6 +358,7 @@ class StepHooks:
         if not self.explicit and optimizer is self.run.clock:
             ctx = self._clock_entered(ctx)
         if not self._worked:  # optimizer.step(closure): forward and backward come inside
+            ctx.closure = True
             return
         ctx.phases[:] = [Phase.OPTIMIZER]
         self.probe.phase_started(ctx, Phase.OPTIMIZER)

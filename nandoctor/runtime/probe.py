@@ -71,6 +71,9 @@ class StepContext:
     # loss is their sum; in nandoctor's own step each is a micro-batch's whole loss, and
     # the step's is their mean
     losses_add_up: bool = False
+    # NB: the step's losses come from `optimizer.step(closure)` (L-BFGS): after the first,
+    # the optimizer may already have moved the weights within the step
+    closure: bool = False
 
     @property
     def phase(self) -> Phase | None:

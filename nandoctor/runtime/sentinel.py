@@ -245,7 +245,7 @@ class Sentinel(Probe):
             self._any("forward", nonfinite(output, self._device()))
         elif phase is Phase.LOSS and ctx.loss is not None:
             if self._reads_at_once(self._device()):
-                self._loss_read(ctx.loss)
+                self._loss_read(ctx.loss, ctx.closure)
             else:
                 self._loss_ended(ctx.loss.detach())  # NB: its own dtype: float64 stays exact
         elif phase is Phase.BACKWARD:
@@ -263,7 +263,7 @@ class Sentinel(Probe):
         self._flags["loss"] = loss if kept is None else kept.double() + loss.double()
         self._loss_parts += 1
 
-    def _loss_read(self, loss: torch.Tensor) -> None:
+    def _loss_read(self, loss: torch.Tensor, closure: bool = False) -> None:
         """The CPU's way: the loss is read as its phase ends (the one read it costs the step
         anyway), before the backward and the update touch anything. So a non-finite loss
         has the weights it was computed with checked there and then: weights already
@@ -273,8 +273,10 @@ class Sentinel(Probe):
         value = loss.item()
         self._losses.append(value)
         # NB: not once an optimizer has stepped within the step (a GAN's loop: the other
-        # model's update is this step's, not the weights it began with)
-        if not math.isfinite(value) and not self._updated:
+        # model's update is this step's, not the weights it began with), nor after a
+        # closure's first loss (L-BFGS moves the weights between its closure's calls)
+        moved = self._updated or (closure and len(self._losses) > 1)
+        if not math.isfinite(value) and not moved:
             self._any("params_before", nonfinite(self.objects.params, torch.device("cpu")))
 
     def _grads_ended(self, ctx: StepContext) -> None:
