@@ -344,6 +344,26 @@ def test_a_run_that_fsdp_casts_to_bfloat16_reports_bfloat16(tmp_path):
 
 
 @pytest.mark.slow
+def test_compare_labels_a_run_fsdp_casts_to_bfloat16_as_bfloat16_and_runs_float32_apart(tmp_path):
+    """The config's own run computes in its `param_dtype`, bfloat16, and is labelled so
+    (it was "float32"); the float32 run asked for drops the cast and is the reference:
+    the bfloat16 run drifts from it (two runs both cast to bfloat16 would agree exactly).
+    `--dtype bf16` is the config's own run, not run twice."""
+    extra = ", mixed_precision: {param_dtype: bfloat16}"
+    args = ("compare", "--dtype", "fp32", "--dtype", "bf16", "--json", "compare.json")
+    proc = _nandoctor(tmp_path, *args, extra=extra)
+    assert proc.returncode == 0, proc.stderr
+    comparison = json.loads((tmp_path / "compare.json").read_text())
+    runs = comparison["runs"]
+    assert [(r["dtype"], r["status"]) for r in runs] == [
+        ("bfloat16", "healthy"),
+        ("float32", "healthy"),
+    ]
+    assert comparison["reference"] == "float32"
+    assert runs[0]["max_abs_loss_diff_vs_reference"] > 0
+
+
+@pytest.mark.slow
 def test_compare_runs_an_fsdp_config_as_one_job_and_rank_0_writes_it(tmp_path):
     proc = _nandoctor(tmp_path, "compare", "--dtype", "bf16", "--json", "compare.json")
     assert proc.returncode == 0, proc.stderr

@@ -43,8 +43,10 @@ def compare(
     for name in names:  # refuse an unsupported dtype before any run starts
         check_dtype_supported(device, torch_dtype(name))
     runs: list[CompareRun] = []
-    for name in names:
-        run, interrupted = _one_run(loaded.with_overrides(dtype=name), name, on_run, on_step)
+    for i, name in enumerate(names):
+        if any(r.dtype == name for r in runs):  # the config's own run computed in it
+            continue
+        run, interrupted = _one_run(loaded if i == 0 else _in_dtype(loaded, name), on_run, on_step)
         runs.append(run)
         if interrupted:
             break
@@ -59,7 +61,7 @@ def compare(
         config=str(loaded.path),
         environment=CompareEnvironment(str(device), torch.__version__, threads, policy),
         runs=runs,
-        verdict=compare_verdict(runs, loaded.config.precision.dtype, loaded.config.steps),
+        verdict=compare_verdict(runs, runs[0].dtype, loaded.config.steps),
         reference=reference,
         name=loaded.config.name,
         notes=notes,
@@ -68,13 +70,32 @@ def compare(
 
 
 def _dtypes_to_run(loaded: LoadedConfig, dtypes: list[str]) -> list[str]:
-    """The config's own dtype first, then each asked for, once each."""
-    names = [loaded.config.precision.dtype, *(canonical_dtype(d) for d in dtypes)]
-    return list(dict.fromkeys(names))
+    """The config's own dtype first, then each asked for, once each (NB: one the config's
+    run computed in is not run again: FSDP's `param_dtype` may make it another than the
+    config's `precision.dtype`, so the runs skip it as they meet it)."""
+    asked = dict.fromkeys(canonical_dtype(d) for d in dtypes)
+    return [loaded.config.precision.dtype, *asked]
 
 
-def _one_run(loaded: LoadedConfig, name: str, on_run, on_step) -> tuple[CompareRun, bool]:
+def _in_dtype(loaded: LoadedConfig, name: str) -> LoadedConfig:
+    """The config computing in `name`: autocast's dtype, and no FSDP `param_dtype` (which
+    would cast a float32 run to it: the config's own run keeps it, and says so in its
+    label, the dtype it computed in)."""
+    changed = loaded.with_overrides(dtype=name)
+    distributed = changed.config.distributed
+    mixed = distributed.mixed_precision
+    if mixed is None or mixed.param_dtype is None:
+        return changed
+    mixed = mixed.model_copy(update={"param_dtype": None})
+    distributed = distributed.model_copy(update={"mixed_precision": mixed})
+    return LoadedConfig(
+        changed.config.model_copy(update={"distributed": distributed}), changed.path
+    )
+
+
+def _one_run(loaded: LoadedConfig, on_run, on_step) -> tuple[CompareRun, bool]:
     session = build_session(loaded)
+    name = str(session.compute_dtype).removeprefix("torch.")  # NB: FSDP may cast a float32 run
     if on_run is not None:
         on_run(name, session)
     headroom = HeadroomProbe(session.model, session.compute_dtype)
