@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nandoctor.runtime.state import stepped_ids
+
 
 @dataclass
 class HookedRun:
@@ -113,14 +115,14 @@ class HookedRun:
         return (
             clock is not None
             and optimizer is not clock
-            and _param_ids(optimizer) == _param_ids(clock)
+            and stepped_ids(optimizer) == stepped_ids(clock)
         )
 
     def _steps_given(self, optimizer: torch.optim.Optimizer) -> bool:
         given = self.given_optimizer
         if given is None or optimizer is given:
             return True
-        return not _param_ids(given).isdisjoint(_param_ids(optimizer))
+        return not stepped_ids(given).isdisjoint(stepped_ids(optimizer))
 
     def note_scaler(self, scaler: torch.amp.GradScaler) -> None:
         """An enabled GradScaler scaled a loss (the sentinel's judge then learns its scale)."""
@@ -134,10 +136,3 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
     if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
         return None
     return torch.get_autocast_dtype(kind)
-
-
-def _param_ids(optimizer: torch.optim.Optimizer) -> set[int]:
-    """What an optimizer steps. NB: a loop that re-creates its optimizer (to lower its rate
-    each epoch, say) steps the same parameters with a new one, which then numbers the
-    steps: the old one never steps again."""
-    return {id(p) for group in optimizer.param_groups for p in group["params"]}

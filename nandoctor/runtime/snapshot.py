@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from nandoctor.runtime import amp, sharded
-from nandoctor.runtime.state import TrainingObjects, model_and_optimizer
+from nandoctor.runtime.state import TrainingObjects, model_and_optimizer, stepped_ids
 from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local, tensor_bytes
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
@@ -171,23 +171,19 @@ def _others(
     """The root modules and optimizers besides `model` and `optimizer`; one optimizer per
     set of parameters (a wrapper such as accelerate's and the one inside it step the same)."""
     modules = [m for m in objects.others if m is not model]
-    seen = [_param_ids(optimizer)]
+    seen = [stepped_ids(optimizer)]
     optimizers = []
     for o in objects.optimizers:
-        ids = _param_ids(o)
+        ids = stepped_ids(o)
         if ids not in seen:
             seen.append(ids)
             optimizers.append(o)
     return modules, optimizers
 
 
-def _param_ids(optimizer: torch.optim.Optimizer) -> set[int]:
-    return {id(p) for group in optimizer.param_groups for p in group["params"]}
-
-
 def _optimizer_copy(
     optimizer: torch.optim.Optimizer, kept: dict[str, Any], copies: _Copies
-) -> dict:
+) -> dict[str, Any]:
     """The optimizer's state, planned into `kept`'s host buffers (`_Copies`)."""
     state = sharded.local_optimizer_state(optimizer.state_dict())
     buffers = kept.get("state", {})

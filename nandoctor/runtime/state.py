@@ -86,4 +86,12 @@ def model_and_optimizer(objects: TrainingObjects) -> tuple[nn.Module, torch.opti
     return model, optimizer
 
 
-__all__ = ["TrainingObjects", "device_of", "model_and_optimizer"]
+def stepped_ids(optimizer: torch.optim.Optimizer) -> set[int]:
+    """What an optimizer steps, by the parameters' ids. NB: a loop that re-creates its
+    optimizer (to lower its rate each epoch, say) steps the same parameters with a new
+    one, which then numbers the steps: the old one never steps again; an optimizer and a
+    wrapper of it (accelerate's) step the same."""
+    return {id(p) for group in optimizer.param_groups for p in group["params"]}
+
+
+__all__ = ["TrainingObjects", "device_of", "model_and_optimizer", "stepped_ids"]
