@@ -538,6 +538,28 @@ def fp16_loop(steps: int = 12, init_scale: float = 2.0**24, sqrt_at_zero: bool =
     return model, optimizer, scaler, batches, train_step
 
 
+def test_weights_broken_before_a_step_the_scaler_overflows_are_still_the_parameters():
+    """A weight set to NaN before step 1, while the GradScaler still searches its scale
+    (2**24: steps 0 to 2 overflow). The replay, from a snapshot taken before the edit,
+    begins the step with finite weights and then meets the scale's overflow in the
+    backward, which the scaler would skip: another event than this failure, so the
+    report stays with the weights broken before the step (it named the overflow, with
+    fp16-overflow and exploding-gradients)."""
+    model, optimizer, scaler, batches, train_step = fp16_loop()
+    guard = Guard(model, optimizer, scaler)
+    with pytest.raises(NonFiniteError) as caught:
+        for step, batch in enumerate(batches):
+            if step == 1:
+                with torch.no_grad():
+                    model[0].weight[0, 0] = float("nan")
+            guard.step(train_step, batch)
+    report = caught.value.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.reproduced) == (1, "parameters", False)
+    assert [c.id for c in report.causes] == ["nonfinite-parameters"]
+    assert any("something outside the steps changed them" in n for n in report.notes)
+
+
 def test_scaler_skips_are_overflow_events_and_their_recheck_leaves_no_trace():
     model, optimizer, scaler, batches, train_step = fp16_loop()
     with Guard(model, optimizer, scaler) as guard:

@@ -89,18 +89,19 @@ def replay_notes(located: Localization | None, failure: Verdict | None = None) -
         return [located.note] if located.note else []
     if not located.reached:  # NB: it saw nothing because it never got there
         return [f"the instrumented replay did not reach step {located.step}: {located.note}"]
+    note = f" ({located.note})" if located.note else ""
+    if failure is not None and failure.phase is Phase.PARAMETERS:
+        return [
+            f"the instrumented replay of step {located.step} began it with finite weights: "
+            f"the weights were non-finite when step {located.step} began, yet the steps "
+            "replayed before it left them finite: something outside the steps changed them (a "
+            "checkpoint loaded or weights edited between steps), or the run is "
+            f"nondeterministic{note}"
+        ]
     seen = " reach the loss, a gradient or a weight" if located.transients else ""
     why = "the failure is nondeterministic or transient"
-    if failure is not None and failure.phase is Phase.PARAMETERS:
-        why = (
-            f"the weights were non-finite when step {located.step} began, yet the steps "
-            "replayed before it left them finite: something outside the steps changed them "
-            "(a checkpoint loaded or weights edited between steps), or the run is "
-            "nondeterministic"
-        )
     return [
-        f"the instrumented replay of step {located.step} saw no non-finite value{seen}: {why}"
-        + (f" ({located.note})" if located.note else "")
+        f"the instrumented replay of step {located.step} saw no non-finite value{seen}: {why}{note}"
     ]
 
 

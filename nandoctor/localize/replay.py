@@ -85,6 +85,15 @@ def localize_failure(
         raise ValueError("a verdict that did not fail has no step to replay")
     located = replay(step, failure.replay_scale)
     found = located.finding
+    if (
+        failure.phase is Phase.PARAMETERS
+        and found is not None
+        and found.phase is not Phase.PARAMETERS
+    ):
+        # NB: the replayed step began with finite weights: what it met later (a GradScaler
+        # overflow, which the scaler skips) is another event than weights broken before it
+        met = f"it met {found.op or found.tensor} in the {found.phase.value} phase instead"
+        return replace(located, finding=None, note=met), failure
     # NB: past the first step, weights broken before the step were broken by an earlier
     # update (or changed between steps: the replay of the step before then finds nothing)
     if found is not None and found.phase is Phase.PARAMETERS and step > start_step:
