@@ -481,6 +481,34 @@ def test_an_lbfgs_loops_bad_batch_is_the_input_not_weights_broken_before_the_ste
     assert (first.step, first.phase, first.tensor) == (5, "input", "input:0")
 
 
+def test_guard_step_calls_that_accumulate_are_replayed_with_the_gradients_they_began_with():
+    """A loop that steps its optimizer every 4th call of `guard.step` (each call one
+    micro-batch): the gradients carry from call to call, so the replay must begin from
+    the ones the snapshot's call began with, not from the failing call's NaN (which the
+    rerun's update then wrote into the weights: "param:0.weight held NaN values",
+    nonfinite-parameters, for finite weights). The guard says once that a call stepped
+    no optimizer."""
+    model, optimizer, batches, _ = tiny_loop(steps=12, nan_at=9)
+
+    def micro_step(batch, index):
+        x, y = batch
+        (F.cross_entropy(model(x), y) / 4).backward()
+        if index % 4 == 3:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    guard = Guard(model, optimizer)
+    with pytest.raises(NonFiniteError) as caught, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for index, batch in enumerate(batches):
+            guard.step(micro_step, batch, index)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase, first.tensor) == (9, "input", "input:0.0")
+    assert first.reproduced is True
+    stepless = [w for w in said if "stepped no optimizer" in str(w.message)]
+    assert len(stepless) == 1 and "step 0" in str(stepless[0].message)
+
+
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     model, optimizer, batches, train_step = tiny_loop()
     with Guard(model, optimizer) as guard:

@@ -199,7 +199,7 @@ model = nn.Linear(8, 4 if rank == 0 else 6)  # unequal states, as uneven shards 
 optimizer = torch.optim.Adam(model.parameters())
 objects = types.SimpleNamespace(
     model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu"),
-    others=[], optimizers=[optimizer],
+    others=[], optimizers=[optimizer], params=list(model.parameters()),
 )
 # one step between snapshots per 20 bytes: the ranks' states ask for periods within bounds
 snapshot.AUTO_BYTES_PER_STEP = 20

@@ -239,7 +239,7 @@ fsdp.shard(model, DistributedConfig(strategy="fsdp"), Ranks(rank, 2, rank, torch
 optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
 objects = types.SimpleNamespace(
     model=model, optimizer=optimizer, scaler=None, scheduler=None, device=torch.device("cpu"),
-    others=[], optimizers=[optimizer],
+    others=[], optimizers=[optimizer], params=list(model.parameters()),
 )
 seeds = [torch.Generator().manual_seed(10 * rank + i) for i in (0, 1, 2)]
 batches = [torch.randn(4, 8, generator=g) for g in seeds]

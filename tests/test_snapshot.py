@@ -190,6 +190,27 @@ def test_a_followed_gans_second_model_and_optimizer_are_kept_and_restored():
     assert torch.equal(opt_d.state[D[0].weight]["exp_avg"], kept_avg)
 
 
+def test_a_restore_gives_the_step_the_gradients_it_began_with():
+    """Gradients kept with the state (they carried into the step) come back as they
+    were; otherwise the step began with none, and gradients found at the restore (a
+    later step's) are dropped, not added to by the replay."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = HookedRun(model=model)
+    run.note_optimizer(optimizer)
+    model(torch.randn(3, 4)).sum().backward()
+    carried = model.weight.grad.clone()
+    with_grads, without = SnapshotStore(run, every=1), SnapshotStore(run, every=1)
+    with_grads.before_step(0, (torch.randn(3, 4),), grads=True)
+    without.before_step(0, (torch.randn(3, 4),))
+    model.weight.grad.fill_(float("nan"))
+    with_grads.rewind_to(0)
+    assert torch.equal(model.weight.grad, carried)
+    without.rewind_to(0)
+    assert model.weight.grad is None and model.bias.grad is None
+
+
 def test_a_batch_modified_in_place_by_the_loss_is_kept_as_it_came(project, tmp_path):
     session = session_of(project, tmp_path, loss="dropout.py:mutating_loss")
     store, probe = SnapshotStore(session), Losses()

@@ -23,6 +23,7 @@ report names the step, the phase and the trends, and its skips are unchecked.
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -135,6 +136,8 @@ class Guard:
         self._store: SnapshotStore | None = None
         self._hooked: StepHooks | None = None  # the `with` form's
         self._stepping: StepHooks | None = None  # `guard.step`'s
+        self._carried = False  # the last call stepped no optimizer: its gradients carry on
+        self._said_stepless = False
 
     # -- one step at a time, replayable ----------------------------------------------------
     def step(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -150,19 +153,35 @@ class Guard:
         step = self._next
         store = self._snapshots()
         kept = KeptStep.of(fn, args, kwargs, reuse=store.spare_batch())
-        store.before_step(step, kept, copied=True)
+        store.before_step(step, kept, copied=True, grads=self._carried)
         hooks = self._step_hooks(step)
         with hooks:
             try:
-                hooks.begin(named_batch(args, kwargs))
+                ctx = hooks.begin(named_batch(args, kwargs))
                 out = fn(*args, **kwargs)
             except BaseException:
                 hooks.abandon()
                 raise
             hooks.end()
+        self._carried = not ctx.stepped
+        if self._carried:
+            self._stepless(step)
         self._next = step + 1
         self._judge()
         return out
+
+    def _stepless(self, step: int) -> None:
+        """A call that stepped no optimizer: its gradients carry into the next call, which
+        the snapshots then keep for the replay. Said once: each call counts as a step."""
+        if self._said_stepless:
+            return
+        self._said_stepless = True
+        warnings.warn(
+            f"nandoctor: guard.step's call of step {step} stepped no optimizer: each call "
+            "counts as one step, so accumulate micro-batches inside one call (a call that "
+            "skips its step on purpose, say on a loss spike, is fine)",
+            stacklevel=3,
+        )
 
     def _step_hooks(self, step: int) -> StepHooks:
         """The hooks of `guard.step`, one set for every step (attached during each): after

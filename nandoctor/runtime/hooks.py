@@ -376,6 +376,7 @@ class StepHooks:
             self.probe.phase_started(ctx, Phase.OPTIMIZER)
         self.probe.phase_ended(ctx, Phase.OPTIMIZER)
         ctx.phases.clear()
+        ctx.stepped = True
         self._backwarded = False  # NB: the next loss is another model's (a GAN), not accumulation
         if self.explicit:
             return

@@ -74,6 +74,9 @@ class StepContext:
     # NB: the step's losses come from `optimizer.step(closure)` (L-BFGS): after the first,
     # the optimizer may already have moved the weights within the step
     closure: bool = False
+    # NB: followed loops (`StepHooks`): an optimizer stepped, or a GradScaler decided to
+    # skip its step; False after a call of `guard.step` that only accumulated gradients
+    stepped: bool = False
 
     @property
     def phase(self) -> Phase | None:

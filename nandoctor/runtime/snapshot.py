@@ -87,16 +87,24 @@ class StateSnapshot:
     # the other root modules and optimizers a followed loop trains (a GAN's discriminator
     # and its optimizer): put back with the rest, or a replay would leave them changed
     others: list[_Other] = field(default_factory=list)
+    # the gradients the step began with, where they carry into it (`guard.step` calls that
+    # accumulate, stepping the optimizer every few): each parameter's, in `grad_buffers`
+    # by place; None: the step begins with none (the loop zeroes them), as restored
+    grads: list[tuple[nn.Parameter, str]] | None = None
+    grad_buffers: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
         kept = [self.model, self.optimizer.get("state", {}), self.unowned]
-        return tensor_bytes(kept + [[o.state, o.unowned] for o in self.others])
+        grads = self.grad_buffers if self.grads is not None else {}
+        return tensor_bytes(kept + [[o.state, o.unowned] for o in self.others] + [grads])
 
-    def capture(self, objects: TrainingObjects, step: int) -> None:
+    def capture(self, objects: TrainingObjects, step: int, grads: bool = False) -> None:
+        """The state `step` begins from; with `grads`, the gradients it begins with too."""
         model, optimizer = model_and_optimizer(objects)
         self.step = step
         copies = _Copies()
+        self.grads = _carried_grads(objects.params, self.grad_buffers, copies) if grads else None
         # NB: keep_vars: the parameters themselves, not a detached view of each (a kernel
         # call per tensor); the copies run outside autograd. FSDP: this rank's shards
         held = model.state_dict(keep_vars=True)
@@ -131,6 +139,7 @@ class StateSnapshot:
                 other.owner.load_state_dict(sharded.model_state_like(other.owner, other.state))
             else:
                 _restore_optimizer(other.owner, other.state, other.unowned, owned)
+        _restore_grads(objects.params, self.grads, self.grad_buffers)
         amp.restore(objects.scaler, self.scaler)
         if objects.scheduler is not None and self.scheduler is not None:
             objects.scheduler.load_state_dict(copy.deepcopy(self.scheduler))
@@ -163,6 +172,32 @@ class _Other:
         return cls(
             optimizer, _optimizer_copy(optimizer, kept.state if kept else {}, copies), unowned
         )
+
+
+def _carried_grads(
+    params: list[nn.Parameter], buffers: dict[str, Tensor], copies: _Copies
+) -> list[tuple[nn.Parameter, str]]:
+    """Plan the copy of the parameters' gradients into `buffers`, by place (NB: plain
+    tensors only: a sharded gradient is FSDP's to manage)."""
+    held = {str(i): p.grad for i, p in enumerate(params) if type(p.grad) is torch.Tensor}
+    copies.into(buffers, held)
+    return [(params[int(i)], i) for i in held]
+
+
+def _restore_grads(
+    params: list[nn.Parameter],
+    kept: list[tuple[nn.Parameter, str]] | None,
+    buffers: dict[str, Tensor],
+) -> None:
+    """The gradients as the step began: those kept, else none. NB: a loop zeroes its
+    gradients before the backward (or after the step), so none is what its steps began
+    with; gradients the restore found are a later step's, which a replay must not add to
+    (the drivers that keep the caller's put them back afterwards: `Gradients`)."""
+    held = {id(p): buffers[key] for p, key in kept or ()}
+    with torch.no_grad():
+        for p in params:
+            kept_grad = held.get(id(p))
+            p.grad = kept_grad.to(p.device, copy=True) if kept_grad is not None else None
 
 
 def _others(
@@ -285,16 +320,18 @@ class SnapshotStore:
         self._spare_batches: list[Any] = []  # copies no longer kept: buffers to reuse
         self.out_of_memory = False  # snapshots stopped: no memory left to keep them
 
-    def before_step(self, step: int, batch: Any, *, copied: bool = False) -> None:
+    def before_step(
+        self, step: int, batch: Any, *, copied: bool = False, grads: bool = False
+    ) -> None:
         """Keep `batch` (a private host copy of it, unless it is `copied` already: a
         Guard's `KeptStep`, made with `spare_batch()`'s buffers) and, by the policy, the
-        state the step starts from."""
+        state the step starts from (with `grads`: the gradients carry into the step)."""
         if self.out_of_memory:
             return
         try:
             self._batches[step] = batch if copied else self._copy(batch)
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
-                self._capture(step)
+                self._capture(step, grads)
                 self._forget_old_batches()  # NB: only a capture (or unpin) makes batches old
         except MEMORY_ERRORS:
             self._give_up()
@@ -389,9 +426,9 @@ class SnapshotStore:
             self.every = self.agree(period) if self.agree is not None else period
         return self.every
 
-    def _capture(self, step: int) -> None:
+    def _capture(self, step: int, grads: bool = False) -> None:
         reuse = self._spare.pop() if self._spare else StateSnapshot()
-        reuse.capture(self.objects, step)
+        reuse.capture(self.objects, step, grads)
         self._snapshots.append(reuse)
         while len(self._snapshots) > 2:
             old = self._snapshots.pop(0)
