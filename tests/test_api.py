@@ -5,6 +5,7 @@ watches an unchanged loop through hooks)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import sys
 import warnings
@@ -507,6 +508,70 @@ def test_guard_step_calls_that_accumulate_are_replayed_with_the_gradients_they_b
     assert first.reproduced is True
     stepless = [w for w in said if "stepped no optimizer" in str(w.message)]
     assert len(stepless) == 1 and "step 0" in str(stepless[0].message)
+
+
+def ema_distillation(lr: float):
+    """A student and its EMA teacher, which the step reads (a distillation term) and
+    updates after the optimizer step; float16 with a GradScaler that overflows first."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    teacher = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g))]
+    batches *= 8
+
+    def train_step(x, y):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = model(x)
+            with torch.no_grad():
+                soft = F.softmax(teacher(x).float(), -1)
+            kl = F.kl_div(F.log_softmax(logits.float(), -1), soft, reduction="batchmean")
+            loss = F.cross_entropy(logits, y) + kl
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        with torch.no_grad():
+            for t, s in zip(teacher.parameters(), model.parameters(), strict=True):
+                t.mul_(0.9).add_(s, alpha=0.1)
+
+    return model, teacher, optimizer, scaler, batches, train_step
+
+
+def test_an_ema_teacher_given_in_modules_is_replayed_as_the_step_read_it():
+    """The teacher's state changes every step; given in `modules`, the snapshots keep it:
+    the scaler's rechecks rerun the step (teacher update included) and put it back, so
+    the run trains bit-identically to the unguarded one; and the replay of a failing
+    step reads the teacher as the step did, naming the student's first Linear, forward
+    (not given, it replayed with the teacher of after the failure and named its layer)."""
+    model, teacher, optimizer, scaler, batches, train_step = ema_distillation(lr=1e-3)
+    for batch in batches:
+        train_step(*batch)
+    plain = [m.state_dict() for m in (model, teacher)]
+    model, teacher, optimizer, scaler, batches, train_step = ema_distillation(lr=1e-3)
+    guard = Guard(model, optimizer, scaler, modules=[teacher])
+    for batch in batches:
+        guard.step(train_step, *batch)
+    assert guard.report is None and guard.rechecked
+    for module, kept in zip((model, teacher), plain, strict=True):
+        assert all(torch.equal(module.state_dict()[k], v) for k, v in kept.items())
+
+    model, teacher, optimizer, scaler, batches, train_step = ema_distillation(lr=1e4)
+    guard = Guard(model, optimizer, scaler, modules=[teacher])
+    with pytest.raises(NonFiniteError) as caught:
+        for batch in batches:
+            guard.step(train_step, *batch)
+    first = caught.value.report.first_nonfinite
+    assert (first.phase, first.module, first.op) == ("forward", "0", "aten.addmm.default")
+
+
+def test_a_guard_refuses_a_module_in_modules_that_is_not_one():
+    model, optimizer, _, _ = tiny_loop()
+    expected = r"a module in modules is a str, expected a torch\.nn\.Module"
+    with pytest.raises(UsageError, match=expected):
+        Guard(model, optimizer, modules=["teacher"])
 
 
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -91,7 +91,10 @@ class Guard:
     steps apart `guard.step` keeps the state for its replay (None: decided from the
     state's size, as `diagnose` does); `name` is what the report calls the run. With
     `raise_error=False` the first bad step only sets `guard.report` (and the guard stops
-    watching): for loops that stop themselves, like the integrations.
+    watching): for loops that stop themselves, like the integrations. `modules`: other
+    modules the step reads whose state changes between steps (an EMA teacher updated
+    outside `fn`): `guard.step`'s snapshots keep them, so a replay reads them as the
+    step did (a second model the step trains, a GAN's, is met as the loop runs).
     """
 
     def __init__(
@@ -106,12 +109,16 @@ class Guard:
         name: str | None = None,
         raise_error: bool = True,
         recheck_skips: bool = True,
+        modules: Sequence[torch.nn.Module] = (),
     ) -> None:
         _check_objects(model, optimizer, scaler)
+        for module in modules:
+            _check_objects(module, optimizer, scaler, name="a module in modules")
         device = next(iter(model.parameters()), torch.empty(0)).device
         enabled = scaler if scaler is not None and scaler.is_enabled() else None
         self.run = HookedRun(
             model=model,
+            others=[m for m in modules if m is not model],
             given_optimizer=optimizer,
             device=device,
             scaler=enabled,
@@ -317,11 +324,11 @@ class Guard:
         return located
 
 
-def _check_objects(model: Any, optimizer: Any, scaler: Any) -> None:
+def _check_objects(model: Any, optimizer: Any, scaler: Any, name: str = "model") -> None:
     """One line for a wrong argument, before any hook goes on (not an AttributeError from
     deep inside the first step)."""
     wanted = (
-        ("model", model, torch.nn.Module, "a torch.nn.Module"),
+        (name, model, torch.nn.Module, "a torch.nn.Module"),
         ("optimizer", optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer"),
         ("scaler", scaler, (torch.amp.GradScaler, type(None)), "a torch.amp.GradScaler or None"),
     )
