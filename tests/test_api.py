@@ -565,6 +565,20 @@ def test_an_ema_teacher_given_in_modules_is_replayed_as_the_step_read_it():
             guard.step(train_step, *batch)
     first = caught.value.report.first_nonfinite
     assert (first.phase, first.module, first.op) == ("forward", "0", "aten.addmm.default")
+    assert not any("did not follow the run" in n for n in caught.value.report.notes)
+
+
+def test_a_replay_that_leaves_the_runs_path_says_so():
+    """The EMA teacher not given: the replay reads it as it is after the failure, and
+    the step it reruns on the way (step 0) no longer computes the run's loss. The report
+    says so, with both losses, rather than pass off what the replay met as the run's."""
+    model, _, optimizer, scaler, batches, train_step = ema_distillation(lr=1e4)
+    guard = Guard(model, optimizer, scaler)
+    with pytest.raises(NonFiniteError) as caught:
+        for batch in batches:
+            guard.step(train_step, *batch)
+    (note,) = [n for n in caught.value.report.notes if "did not follow the run" in n]
+    assert "step 0's loss was 1.3" in note and "replayed nan" in note and "modules=" in note
 
 
 def test_a_guard_refuses_a_module_in_modules_that_is_not_one():

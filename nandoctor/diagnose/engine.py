@@ -34,9 +34,10 @@ from nandoctor.diagnose.summary import (
 from nandoctor.errors import UsageError, forget_torch_globals
 from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
 from nandoctor.gate.check import Tolerances, gate_of
-from nandoctor.localize.replay import Localization, localize, localize_failure
+from nandoctor.localize.replay import Localization, Recorded, localize, localize_failure
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
+from nandoctor.report.telemetry import Telemetry
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.fast_run import StepCallback, fast_run, snapshot_store
 from nandoctor.runtime.headroom import HeadroomProbe
@@ -119,7 +120,7 @@ def diagnose(
     if failure is not None and failure.step is not None:
         try:
             with session.autocast_scope():  # NB: installed once for all the replayed steps
-                located = _localize(session, store, failure)
+                located = _localize(session, store, failure, result.telemetry)
             findings.located, findings.per_rank, result.failure = located
         except KeyboardInterrupt:
             findings.interrupted = REPLAY_INTERRUPTED
@@ -164,14 +165,17 @@ def _leave(session: Session, interrupted: bool) -> None:
 
 
 def _localize(
-    session: Session, store: SnapshotStore, failure: Verdict
+    session: Session, store: SnapshotStore, failure: Verdict, telemetry: Telemetry
 ) -> tuple[Localization, list[Localization] | None, Verdict]:
     """Replay the bad step (on every rank in lockstep): the origin rank's finding, every
     rank's, and the failure, moved one step back when an update broke the weights."""
     per_rank: dict[int, list[Localization]] = {}
+    # NB: under DDP the run's loss is the ranks' mean, which no rank's replay computes
+    single = session.ranks is None
+    recorded = dict(zip(telemetry.step, telemetry.loss, strict=True)) if single else None
 
     def replay(step: int, loss_scale: float | None) -> Localization:
-        located, ranks = _replay_on_ranks(session, store, failure, step, loss_scale)
+        located, ranks = _replay_on_ranks(session, store, failure, step, loss_scale, recorded)
         if ranks is not None:
             per_rank[step] = ranks
         return located
@@ -181,9 +185,15 @@ def _localize(
 
 
 def _replay_on_ranks(
-    session: Session, store: SnapshotStore, failure: Verdict, step: int, scale: float | None
+    session: Session,
+    store: SnapshotStore,
+    failure: Verdict,
+    step: int,
+    scale: float | None,
+    recorded: Recorded | None,
 ) -> tuple[Localization, list[Localization] | None]:
-    located = localize(session, store, step, SessionSteps(session), loss_scale=scale)
+    steps = SessionSteps(session)
+    located = localize(session, store, step, steps, loss_scale=scale, recorded=recorded)
     if session.ranks is None:
         return located, None
     per_rank = session.ranks.gather_objects(located)

@@ -82,9 +82,15 @@ def globals_notes() -> list[str]:
 
 
 def replay_notes(located: Localization | None, failure: Verdict | None = None) -> list[str]:
-    """What the replay of the bad step has to say about itself, if anything."""
+    """What the replay of the bad step has to say about itself, if anything (first,
+    that it left the run's path on the way, when it did)."""
     if located is None:
         return []
+    drift = [located.drift] if located.drift else []
+    return drift + _replay_notes(located, failure)
+
+
+def _replay_notes(located: Localization, failure: Verdict | None) -> list[str]:
     if located.reproduced:
         return [located.note] if located.note else []
     if not located.reached:  # NB: it saw nothing because it never got there

@@ -316,9 +316,11 @@ class Guard:
         if store is None or verdict.step is None:
             return None
         steps = KeptSteps(self.run)
+        telemetry = self.result.telemetry
+        losses = dict(zip(telemetry.step, telemetry.loss, strict=True))
 
         def replay(step: int, loss_scale: float | None) -> Localization:
-            return localize(self.run, store, step, steps, loss_scale=loss_scale)
+            return localize(self.run, store, step, steps, loss_scale=loss_scale, recorded=losses)
 
         located, self.result.failure = localize_failure(verdict, self.run.start_step, replay)
         return located

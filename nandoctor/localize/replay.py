@@ -15,8 +15,9 @@ broken, trace the step before, whose update broke them.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -27,7 +28,7 @@ from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
 from nandoctor.report.types import Transient
 from nandoctor.runtime import amp
-from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.recheck import Gradients
 from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.sentinel import Verdict
@@ -59,6 +60,7 @@ class Localization:
     note: str | None = None
     transients: list[Transient] = field(default_factory=list)  # healed on the way
     reached: bool = True  # False: the replay ended before the step (a rerun of a command)
+    drift: str | None = None  # a replayed step's loss differed from the run's (`Recorded`)
 
     @property
     def reproduced(self) -> bool:
@@ -66,6 +68,7 @@ class Localization:
 
 
 Replay = Callable[[int, float | None], Localization]  # (step, loss scale) -> what it found
+Recorded = Mapping[int, float]  # the run's loss at each step, to check the replay against
 
 
 def localize_failure(
@@ -111,11 +114,14 @@ def localize(
     steps: StepRunner,
     *,
     loss_scale: float | None = None,
+    recorded: Recorded | None = None,
 ) -> Localization:
     """Replay `step` under the tracer, running kept steps with `steps`; leave no trace.
 
     `loss_scale` forces the replayed step's GradScaler scale (see `localize_failure`).
-    Out of memory in the full trace, it replays once more with a lighter one.
+    `recorded`: the run's losses; a step rerun on the way whose loss differs says the
+    replay left the run's path (`Localization.drift`). Out of memory in the full trace,
+    it replays once more with a lighter one.
     """
     started = time.perf_counter()
     try:
@@ -124,7 +130,7 @@ def localize(
     except MEMORY_ERRORS:
         return Localization(step, None, note=NO_MEMORY_TO_REPLAY)
     try:
-        located = _full_or_light(objects, store, step, steps, started, loss_scale, here)
+        located = _full_or_light(objects, store, step, steps, started, loss_scale, here, recorded)
     except LookupError as e:
         located = Localization(step, None, note=f"could not rewind: {e}")
     except (*MEMORY_ERRORS, UserCodeError) as e:
@@ -146,16 +152,17 @@ def _full_or_light(
     started: float,
     loss_scale: float | None,
     here: StateSnapshot,
+    recorded: Recorded | None,
 ) -> Localization:
     """The full trace; out of memory, once more from where it started with a lighter one."""
     try:
-        return _replay(objects, store, step, steps, started, loss_scale)
+        return _replay(objects, store, step, steps, started, loss_scale, recorded)
     except (*MEMORY_ERRORS, UserCodeError) as e:
         if not _out_of_memory(e):
             raise
     here.restore(objects)
     _free_memory(objects)
-    located = _replay(objects, store, step, steps, started, loss_scale, light=True)
+    located = _replay(objects, store, step, steps, started, loss_scale, recorded, light=True)
     located.note = LIGHTER_NOTE
     return located
 
@@ -184,32 +191,81 @@ def _replay(
     steps: StepRunner,
     started: float,
     loss_scale: float | None,
+    recorded: Recorded | None,
     light: bool = False,
 ) -> Localization:
     kept = store.rewind_for_replay(step)
-    updates = _rerun(objects, steps, kept[:-1])
+    updates, drift = _rerun(objects, steps, kept[:-1], recorded)
     if updates.latest is None and store.reaches_further_back(kept[0][0], step - 1):
         # NB: no step since the newest snapshot moved the weights (a streak of scaler
         # skips): the last update that did lies further back
         kept = store.rewind_for_replay(step, earliest=True)
-        updates = _rerun(objects, steps, kept[:-1])
+        updates, drift = _rerun(objects, steps, kept[:-1], recorded)
     note = set_loss_scale(objects, loss_scale)
     tracer = Tracer(objects, light=light)
     with tracer:
         steps.run(step, kept[-1][1], tracer)
-    return localization_of(tracer, step, kept[0][0], updates.latest, started, note)
+    located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
+    located.drift = drift
+    return located
 
 
 def _rerun(
-    objects: TrainingObjects, steps: StepRunner, kept: list[tuple[int, object]]
-) -> UpdateTracker:
-    """Re-run the steps from a snapshot up to the bad one, measuring their updates."""
-    updates = UpdateTracker(objects)
+    objects: TrainingObjects,
+    steps: StepRunner,
+    kept: list[tuple[int, object]],
+    recorded: Recorded | None,
+) -> tuple[UpdateTracker, str | None]:
+    """Re-run the steps from a snapshot up to the bad one, measuring their updates; and
+    the first whose loss left the run's (`recorded`), in words."""
+    updates, drift = UpdateTracker(objects), None
     for s, batch in kept:
+        losses = _Losses() if recorded is not None and drift is None else None
         updates.before()
-        steps.run(s, batch)
+        steps.run(s, batch, losses)
         updates.after(s)
-    return updates
+        if losses is not None and recorded is not None:
+            drift = _drift(s, recorded.get(s), losses.value)
+    return updates, drift
+
+
+class _Losses(Probe):
+    """A rerun step's loss, as the sentinel keeps it: the sum of the parts a followed
+    loop backpropagates, the mean of nandoctor's own micro-batches'."""
+
+    forward_phase = False
+
+    def __init__(self) -> None:
+        self.parts: list[float] = []
+        self.value: float | None = None
+
+    def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
+        if phase is Phase.LOSS and ctx.loss is not None:
+            self.parts.append(float(ctx.loss.detach()))
+
+    def step_ended(self, ctx: StepContext) -> None:
+        if self.parts:
+            total = math.fsum(self.parts)
+            self.value = total if ctx.losses_add_up else total / len(self.parts)
+
+
+def _drift(step: int, recorded: float | None, replayed: float | None) -> str | None:
+    """Words for a replayed loss off the run's (beyond 1e-3 of it: a nondeterministic
+    kernel's last digits are not a drift), or None."""
+    if recorded is None or replayed is None:
+        return None
+    finite = math.isfinite(recorded), math.isfinite(replayed)
+    if finite == (False, False):
+        return None
+    if finite == (True, True) and abs(replayed - recorded) <= 1e-3 * max(1.0, abs(recorded)):
+        return None
+    return (
+        f"the replay did not follow the run: step {step}'s loss was {recorded:.6g}, "
+        f"replayed {replayed:.6g}: state the replay does not rewind changed between the "
+        "steps (a module whose state the step reads, not given to the guard in modules=; "
+        "a counter or cache in your code), or the run is nondeterministic; what the "
+        "replay met may not be what the run met"
+    )
 
 
 def set_loss_scale(objects: TrainingObjects, loss_scale: float | None) -> str | None:

@@ -101,7 +101,10 @@ class StepHooks:
         on_step_start: StepCallback | None = None,
         on_step_end: StepCallback | None = None,
         on_model: Callable[[], None] | None = None,
+        warn: bool = True,
     ) -> None:
+        """`warn=False`: nandoctor's own rerun of a step, whose warnings about the loop
+        (a model it never calls) the loop's run has said already."""
         self.run, self.probe, self.explicit = run, probe, explicit
         self.step = start_step
         self.ctx: StepContext | None = None
@@ -111,7 +114,7 @@ class StepHooks:
         self.on_model = on_model
         self._model_ids = {id(m) for m in model.modules()} if model is not None else None
         # NB: the given model's name, until a step trained without calling it (said once)
-        self._given = type(model).__name__ if model is not None else None
+        self._given = type(model).__name__ if model is not None and warn else None
         self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []  # the global module hooks, until the light ones

@@ -108,7 +108,12 @@ class KeptSteps:
                 kept.fn(*args, **kwargs)
             return
         hooks = StepHooks(
-            self.objects, probe, model=self.objects.model, explicit=True, start_step=step
+            self.objects,
+            probe,
+            model=self.objects.model,
+            explicit=True,
+            start_step=step,
+            warn=False,
         )
         with hooks:
             hooks.begin(named_batch(args, kwargs))
