@@ -272,6 +272,19 @@ def test_small_updates_and_a_falling_loss_are_not_a_high_learning_rate():
     )
 
 
+@pytest.mark.parametrize("phase", ["input", "parameters"])
+def test_a_large_update_alone_is_no_cause_of_a_batch_or_weights_broken_before_the_step(phase):
+    """A NaN batch, or weights changed between steps: the last update did not make them.
+    Its size alone (a small model's SGD steps move a few per cent) is no second cause; a
+    loss that diverged before still is."""
+    update = UpdateRatio(9, 0.05, 0.1, "fc.weight")
+    assert "learning-rate-too-high" not in ids(case(None, phase, update=update))
+    trends = replace(
+        CALM, loss_min=0.4, loss_last=9.0, loss_late_slope=2.0, loss_onset=4, grad_onset=4
+    )
+    assert "learning-rate-too-high" in ids(case(None, phase, update=update, trends=trends))
+
+
 def test_infinite_derivative_in_backward():
     c = case(
         "aten.div.Tensor",

@@ -25,8 +25,9 @@ INFO = entry(
     explanation="""
     When each update is a sizeable fraction of the weight it changes (an update-to-weight
     ratio of a few per cent per step, where ~1e-3 is healthy; nandoctor counts a last update
-    of 3% or more as evidence, as Adam's first steps on small weights can reach 1-2%), the
-    loss climbs instead of falling,
+    of 3% or more as evidence, as Adam's first steps on small weights can reach 1-2%, but
+    not on its own for a batch that arrived non-finite or weights changed between steps,
+    which no update made), the loss climbs instead of falling,
     weights and activations grow, and the first op that leaves the dtype's range produces
     inf. The failing step is only where the divergence became visible: the loss curve rises
     tens or hundreds of steps before it.
@@ -66,7 +67,10 @@ def learning_rate_too_high(case: Case) -> Hit | None:
         )
         confidence = max(confidence, 0.8)
     update = case.evidence.update
-    if update is not None and update.ratio >= LARGE_UPDATE:
+    # NB: a batch that arrived non-finite, or weights changed between steps, are not the
+    # last update's doing: its size alone is then no cause (a loss that diverged still is)
+    unrelated = case.first.phase in ("input", "parameters") and not confidence
+    if update is not None and update.ratio >= LARGE_UPDATE and not unrelated:
         evidence.append(_update(update))
         confidence = (
             min(0.95, confidence + 0.1) if confidence else (0.5 if update.ratio >= 0.1 else 0.35)
