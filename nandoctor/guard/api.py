@@ -92,9 +92,9 @@ class Guard:
     state's size, as `diagnose` does); `name` is what the report calls the run. With
     `raise_error=False` the first bad step only sets `guard.report` (and the guard stops
     watching): for loops that stop themselves, like the integrations. `modules`: other
-    modules the step reads whose state changes between steps (an EMA teacher updated
-    outside `fn`): `guard.step`'s snapshots keep them, so a replay reads them as the
-    step did (a second model the step trains, a GAN's, is met as the loop runs).
+    modules the step reads whose state changes from step to step (an EMA teacher, which
+    `fn` updates): `guard.step`'s snapshots keep them, so a replay reads them as the step
+    did (a second model the step trains, a GAN's, is met as the loop runs).
     """
 
     def __init__(

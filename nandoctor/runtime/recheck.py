@@ -41,7 +41,7 @@ class GradientCheck(Probe):
     def __init__(self, objects: TrainingObjects) -> None:
         self.objects = objects
         self._flag: torch.Tensor | None = None
-        self._step_grads = StepGradients()  # NB: the rerun starts on the skipped step's
+        self._step_grads = StepGradients()  # NB: a GAN's other gradients, the last step's
 
     def step_started(self, ctx: StepContext) -> None:
         self._step_grads.begin(self.objects.params)
