@@ -588,6 +588,31 @@ def test_a_guard_refuses_a_module_in_modules_that_is_not_one():
         Guard(model, optimizer, modules=["teacher"])
 
 
+def test_with_form_judges_the_gradients_of_an_iteration_whose_step_the_loop_skipped():
+    """A loop that skips its optimizer step on some iterations (a loss-spike rule) and
+    zeroes the gradients as each iteration begins: a skipped iteration is a micro-batch
+    of the next step, and its NaN gradients (sqrt at 0 in its backward), wiped before
+    that step's backward ended, still fail it (the CPU's sentinel kept only the last
+    backward's sums, and said healthy; on CUDA every backward's flag counts)."""
+    model, optimizer, batches, _ = tiny_loop(steps=10)
+
+    def train_step(batch, index):
+        x, y = batch
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(model(x), y)
+        if index == 5:
+            loss = loss + torch.sqrt(loss - loss)  # NB: finite, its backward is not
+        loss.backward()
+        if index % 3 != 2:  # NB: iterations 2, 5 and 8 step no optimizer
+            optimizer.step()
+
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer):
+        for index, batch in enumerate(batches):
+            train_step(batch, index)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase) == (4, "backward")  # NB: iteration 5 is step 4's first
+
+
 def test_a_healthy_loop_returns_its_step_results_and_closes_clean():
     model, optimizer, batches, train_step = tiny_loop()
     with Guard(model, optimizer) as guard:

@@ -210,6 +210,9 @@ class Sentinel(Probe):
         self._grads: list[torch.Tensor] | None = None
         self._squares: list[torch.Tensor] = []
         self._host_squares: list[float] = []  # NB: the same, already read (`host_square_sums`)
+        # NB: an earlier backward of the step made non-finite gradients (a loop that zeroed
+        # them before the next one, its optimizer step skipped: they count all the same)
+        self._earlier_bad = False
         self._losses: list[float] = []  # NB: on the CPU, the step's, read as each is made
         self._loss_parts = 0  # NB: elsewhere, how many losses the kept sum holds
         self._batches: list[object] = []  # the step's, named if it failed in INPUT
@@ -286,11 +289,13 @@ class Sentinel(Probe):
         clip_norm = None if self._sharded else ctx.grad_norm
         carried = ctx.grad_scale  # NB: a scaled gradient is non-finite iff the true one is
         if self._reads_at_once(device):  # judged on the host when the step ends
+            if self._grads is not None and not self._earlier_bad:  # NB: the rare case
+                self._earlier_bad = self._grads_bad(_root_sum(self._read_squares()))
             self._grads, self._scaled = grads, carried is not None
             # NB: measured now, while the backward's writes are still in the caches (after
             # the update they compete with the weights and the optimizer's state). With
             # gradient accumulation each backward's sums replace the last one's: the
-            # gradients add up, so the last are the step's (a non-finite one stays so)
+            # gradients add up, so the last are the step's norm (their flag is `_any`'s)
             self._squares, self._host_squares = [], []
             self._clipped = clip_norm is not None
             if clip_norm is not None:  # NB: float64: its square root is clip's norm again
@@ -348,7 +353,11 @@ class Sentinel(Probe):
 
     def _forget_step(self) -> None:
         self._flags, self._grads, self._squares, self._host_squares = {}, None, [], []
-        self._batches, self._losses, self._updated = [], [], False
+        self._batches, self._losses, self._updated, self._earlier_bad = [], [], False, False
+
+    def _read_squares(self) -> list[float]:
+        """The last backward's sums of squares, on the host (read there already, mostly)."""
+        return _host_values(self._squares) + self._host_squares
 
     def _read_now(self, losses_add_up: bool = False) -> list[float]:
         """The CPU's reading, read as the step ends: the flags and values the step set and
@@ -374,7 +383,7 @@ class Sentinel(Probe):
             row[_LOSS] = total if losses_add_up else total / len(losses)
         if self._grads is not None:
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
-            bad = self._grads_bad(norm)
+            bad = self._grads_bad(norm) or self._earlier_bad
             if math.isinf(norm) and not bad and not self._clipped:
                 norm = wide_norm(self._grads)  # NB: finite values whose squares overflowed
             row[_GRAD_NORM] = norm / row[_SCALE] if self._scaled else norm
