@@ -245,8 +245,7 @@ class _Losses(Probe):
 
     def step_ended(self, ctx: StepContext) -> None:
         if self.parts:
-            total = math.fsum(self.parts)
-            self.value = total if ctx.losses_add_up else total / len(self.parts)
+            self.value = ctx.step_loss(self.parts)
 
 
 def _drift(step: int, recorded: float | None, replayed: float | None) -> str | None:

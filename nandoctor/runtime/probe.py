@@ -82,6 +82,12 @@ class StepContext:
     def phase(self) -> Phase | None:
         return self.phases[-1] if self.phases else None
 
+    def step_loss(self, losses: list[float]) -> float:
+        """The step's loss from its losses' values (`losses_add_up`: their sum, else their
+        mean), as the telemetry records it and a replay checks it."""
+        total = sum(losses)
+        return total if self.losses_add_up else total / len(losses)
+
 
 class Probe:
     """Base class: every hook is a no-op; a probe overrides the ones it needs.

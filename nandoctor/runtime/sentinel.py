@@ -230,12 +230,13 @@ class Sentinel(Probe):
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
         self._forget_step()
-        self._step_grads.begin(self.objects.params)
-        if not self._checked_params_once:  # a bad checkpoint; later, an update's effect shows
-            params = self.objects.params  # NB: a hooked run may not know them before a step
-            if params:
-                self._flags["params_before"] = nonfinite(params, self._device())
-                self._checked_params_once = True
+        params = self.objects.params  # NB: a hooked run may not know them before a step
+        self._step_grads.begin(params)
+        # NB: the weights once, at the first step (a bad checkpoint); later, an update's
+        # effect shows in the next step
+        if not self._checked_params_once and params:
+            self._flags["params_before"] = nonfinite(params, self._device())
+            self._checked_params_once = True
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.INPUT:
@@ -323,7 +324,7 @@ class Sentinel(Probe):
         device = self._device()
         has_scale = "scale" in self._flags
         if self._reads_at_once(device):
-            row = self._read_now(ctx.losses_add_up)
+            row = self._read_now(ctx)
             self._pending.append(_Pending(ctx.step, row, None, has_scale, self._batches))
             self._forget_step()
             return
@@ -359,7 +360,7 @@ class Sentinel(Probe):
         """The last backward's sums of squares, on the host (read there already, mostly)."""
         return _host_values(self._squares) + self._host_squares
 
-    def _read_now(self, losses_add_up: bool = False) -> list[float]:
+    def _read_now(self, ctx: StepContext) -> list[float]:
         """The CPU's reading, read as the step ends: the flags and values the step set and
         the gradients' sums of squares (one per tensor, or clipping's total), which become
         the gradients' norm and their flag here.
@@ -379,8 +380,7 @@ class Sentinel(Probe):
         if len(losses) == 1:  # NB: the common case
             row[_LOSS] = losses[0]
         elif losses:  # with several (accumulation): non-finite if one is
-            total = sum(losses)  # NB: the parts a user's loop divided (`StepContext`)
-            row[_LOSS] = total if losses_add_up else total / len(losses)
+            row[_LOSS] = ctx.step_loss(losses)
         if self._grads is not None:
             norm = _root_sum(read + self._host_squares)  # NaN or inf if one is
             bad = self._grads_bad(norm) or self._earlier_bad
