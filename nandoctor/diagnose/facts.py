@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from nandoctor.causes.case import LrJump, RunFacts
-from nandoctor.diagnose.lr_history import LrHistory, largest_group
+from nandoctor.diagnose.lr_history import LrHistory, largest_group, number
 from nandoctor.report.types import Environment
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.state import TrainingObjects
@@ -63,7 +63,7 @@ def facts_of(
         clip_grad_norm=objects.clip_grad_norm,
         optimizer=type(optimizer).__name__ if optimizer is not None else "unknown",
         lr=lr,
-        eps=_number(group.get("eps")),
+        eps=number(group.get("eps")),
         param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
         checkpoint=checkpoint,
         start_step=result.start_step,
@@ -72,7 +72,7 @@ def facts_of(
         lr_start=lr_start,
         lr_jump=lr_jump,
         scheduler=type(scheduler).__name__ if scheduler is not None else None,
-        lr_base=_number(group.get("initial_lr")) if scheduler is not None else None,
+        lr_base=number(group.get("initial_lr")) if scheduler is not None else None,
     )
 
 
@@ -84,7 +84,7 @@ def _rates(
     (which torch's schedulers set)."""
     if lrs is not None and lrs.changes and failing is not None:
         return lrs.at(failing), lrs.start(), lrs.largest_jump(failing)
-    return _number(group.get("lr")), _number(group.get("initial_lr")), None
+    return number(group.get("lr")), number(group.get("initial_lr")), None
 
 
 def _computed_in(objects: TrainingObjects) -> str:
@@ -95,9 +95,3 @@ def _computed_in(objects: TrainingObjects) -> str:
 
 def _name(dtype: torch.dtype | None) -> str | None:
     return str(dtype).removeprefix("torch.") if dtype is not None else None
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, torch.Tensor):
-        return float(value.item())
-    return float(value) if isinstance(value, (int, float)) else None

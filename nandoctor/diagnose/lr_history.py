@@ -57,16 +57,18 @@ class LrHistory(Probe):
 
 def largest_rate(groups: list[dict]) -> float | None:
     """The largest learning rate among an optimizer's param groups (None: none is a number)."""
-    rates = [r for g in groups if (r := _number(g.get("lr"))) is not None]
+    rates = [r for g in groups if (r := number(g.get("lr"))) is not None]
     return max(rates, default=None)
 
 
 def largest_group(groups: list[dict]) -> dict:
     """The param group with the largest learning rate (the first of equals), or {}."""
-    return max(groups, key=lambda g: _number(g.get("lr")) or 0.0, default={})
+    return max(groups, key=lambda g: number(g.get("lr")) or 0.0, default={})
 
 
-def _number(value: object) -> float | None:
+def number(value: object) -> float | None:
+    """A param group's setting as a float: a number, or a one-element tensor (torch takes
+    a tensor `lr`); None for anything else (a setting the optimizer does not have)."""
     if isinstance(value, torch.Tensor):
         return float(value.detach().cpu().item()) if value.numel() == 1 else None
     return float(value) if isinstance(value, (int, float)) else None
