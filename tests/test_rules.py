@@ -77,6 +77,17 @@ def test_log_of_a_softmax_zero():
     )
 
 
+def test_the_log_of_softmax_fix_names_the_probability_that_underflowed():
+    def fix(op):
+        c = case("aten.log.default", "loss", "-inf", [stats(zeros=2)], [producer(op)])
+        return rank(c)[0].fix
+
+    assert "F.cross_entropy" in fix("aten._softmax.default")
+    assert "sigmoid" not in fix("aten._softmax.default")
+    assert "F.binary_cross_entropy_with_logits" in fix("aten.sigmoid.default")
+    assert "cross_entropy(logits" not in fix("aten.sigmoid.default")
+
+
 def test_log_of_a_zero_no_softmax_made():
     c = case("aten.log.default", "loss", "-inf", [stats(zeros=2)], [producer("aten.relu.default")])
     assert ids(c)[0] == "log-of-zero"

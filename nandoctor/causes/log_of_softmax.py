@@ -8,7 +8,7 @@ there is no such pair to rewrite (`log(sigmoid(x))`), with the log at that line 
 
 from __future__ import annotations
 
-from nandoctor.causes.case import Case
+from nandoctor.causes.case import Case, op_base
 from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Fix, Hit, entry
 from nandoctor.causes.words import LOGS, PROBABILITIES, plural
 from nandoctor.report.evidence import Producer
@@ -67,7 +67,22 @@ def _hit(case: Case, producer: Producer | None, zeros: int, what: str | None) ->
     evidence = [f"{what} received {plural(zeros, 'exact zero')} produced by {producer.op}{at}"]
     if case.first.dtype == "float16":
         evidence.append("in float16 a probability below ~6e-8 rounds to exactly 0; log(0) = -inf")
-    return Hit(0.93, evidence)
+    return Hit(0.93, evidence, fix=_FIXES[op_base(producer.op)])
+
+
+# NB: this run's fix names the probability that underflowed (the catalog's names both)
+_FIXES = {
+    "softmax": (
+        "Use `F.cross_entropy(logits, target)`, or `F.log_softmax(logits, dim=-1)` where you "
+        "need the log-probabilities: they never take the log of a probability that "
+        "underflowed to 0."
+    ),
+    "sigmoid": (
+        "Use `F.binary_cross_entropy_with_logits(z, target)`, or `F.logsigmoid(z)` (and "
+        "`F.logsigmoid(-z)` for log(1 - sigmoid(z))) where you need the log-probabilities: "
+        "they never take the log of a probability that underflowed to 0."
+    ),
+}
 
 
 FIXES = (Fix(patch=True), GUARD_ORIGIN)
