@@ -58,3 +58,12 @@ def test_scaler_uses_per_function():
     assert set(uses) == {"a", "b"}
     assert (len(uses["a"].scales), len(uses["a"].unscales), len(uses["a"].steps)) == (1, 1, 1)
     assert uses["b"].scales == () and len(uses["b"].steps) == 1
+
+
+def test_a_segment_is_the_nodes_text_on_one_line_columns_in_characters():
+    text = "import torch\r\nname = 'é'; y = torch.log(\n    torch.softmax(x,\n dim=-1))\n"
+    src = Source("<t>", text)
+    call = next(n for n in ast.walk(src.tree) if isinstance(n, ast.Call))
+    assert src.segment(call) == "torch.log( torch.softmax(x, dim=-1))"
+    name = next(n for n in ast.walk(src.tree) if isinstance(n, ast.Constant))
+    assert src.segment(name) == "'é'"
