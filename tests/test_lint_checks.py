@@ -158,6 +158,17 @@ def test_a_loop_that_clips_through_a_helper_of_the_file_is_clipped():
     assert "exploding-gradients" not in {i for _, i in ids(text)}
 
 
+def test_a_clip_imported_under_another_name_clips():
+    text = "from torch.nn.utils import clip_grad_norm_ as cgn\n" + TWO_LOOPS.replace(
+        "    scaler.scale(model(x, y)).backward()\n    scaler.step",
+        "    scaler.scale(model(x, y)).backward()\n    scaler.unscale_(opt)\n"
+        "    cgn(model.parameters(), 1.0)\n    scaler.step",
+    )
+    assert ids(text) == []
+    renamed = text.replace("cgn", "bound")
+    assert ids(renamed) == [], "the name it was imported under, not its spelling here"
+
+
 def test_a_gradient_hook_bounds_every_loop():
     text = (
         TWO_LOOPS + "for p in model.parameters():\n    p.register_hook(lambda g: g.clamp(-1, 1))\n"

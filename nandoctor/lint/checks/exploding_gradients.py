@@ -3,8 +3,9 @@
 Lower severity than clip-before-unscale: many runs train fine unclipped, but nothing bounds
 an update when one batch's gradient blows up. Judged per training loop: each
 `scaler.step(opt)` belongs to its innermost `for`/`while` loop (else its function, else
-the module), and that loop is clipped when it calls anything named like `clip` (or passes
-a `clip...=` keyword: `loss_scaler(..., clip_grad=1.0)`), or calls a function of this file
+the module), and that loop is clipped when it calls anything named like `clip` (by its
+name here or the name it was imported under: `clip_grad_norm_ as cgn`), or passes a
+`clip...=` keyword (`loss_scaler(..., clip_grad=1.0)`), or calls a function of this file
 that does. A gradient hook (`register_hook`) anywhere bounds every loop. One finding per
 unclipped loop, at its first `scaler.step(opt)`.
 """
@@ -68,7 +69,7 @@ def exploding_gradients(src: Source) -> Iterator[Hit]:
         loops.setdefault(_loop_of(src, anchor), []).append(anchor)
     clipping = _clipping_functions(src)
     for loop, calls in loops.items():
-        if not _clips_in(loop, clipping):
+        if not _clips_in(src, loop, clipping):
             yield Hit(calls[0], _message(calls[0]))  # NB: one finding per unclipped loop
 
 
@@ -87,15 +88,16 @@ def _clipping_functions(src: Source) -> frozenset[str]:
     """Names of the file's functions whose body clips (one level: a helper `clip_and_step`
     or `apply_update` that calls `clip_grad_norm_`)."""
     defs = src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef)
-    return frozenset(d.name for d in defs if _clips_in(d, frozenset()))  # type: ignore[attr-defined]
+    return frozenset(d.name for d in defs if _clips_in(src, d, frozenset()))  # type: ignore[attr-defined]
 
 
-def _clips_in(container: ast.AST, clipping: frozenset[str]) -> bool:
+def _clips_in(src: Source, container: ast.AST, clipping: frozenset[str]) -> bool:
     for call in ast.walk(container):
         if not isinstance(call, ast.Call):
             continue
         name = _name(call)
-        if "clip" in name.lower() or name in clipping:
+        imported = (src.qualname(call.func) or "").rpartition(".")[2]
+        if "clip" in name.lower() or "clip" in imported.lower() or name in clipping:
             return True
         if any(k.arg and "clip" in k.arg.lower() for k in call.keywords):
             return True
