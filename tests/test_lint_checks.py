@@ -128,6 +128,16 @@ def test_a_message_gives_remedy_and_reason():
     assert "-inf" in finding.message
 
 
+def test_a_hand_written_binary_cross_entropy_of_an_nn_sigmoid_module():
+    text = (
+        "import torch\nfrom torch import nn\nclass Head(nn.Module):\n"
+        "    def __init__(self):\n        self.act = nn.Sigmoid()\n"
+        "    def forward(self, z, y):\n        p = self.act(z)\n"
+        "        return -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()\n"
+    )
+    assert ids(text) == [(8, "log-of-softmax"), (8, "log-of-zero")]
+
+
 TWO_LOOPS = """\
 import torch
 scaler = torch.amp.GradScaler()

@@ -74,6 +74,18 @@ def test_an_nn_softmax_attribute_makes_its_calls_softmaxes():
     assert kinds_of(code, "self.sm(x)") == {Kind.SOFTMAX}
 
 
+def test_an_nn_sigmoid_module_makes_its_calls_sigmoids_as_does_a_stack_ending_in_one():
+    code = (
+        "import torch.nn as nn\nclass M(nn.Module):\n    def __init__(self):\n"
+        "        self.act = nn.Sigmoid()\n"
+        "        self.head = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n"
+        "    def forward(self, x):\n        return self.act(x), self.head(x)\n"
+    )
+    assert kinds_of(code, "self.act(x)") == {Kind.SIGMOID, Kind.POSITIVE}
+    assert kinds_of(code, "self.head(x)") == {Kind.SIGMOID, Kind.POSITIVE}
+    assert kinds_of(code.replace("nn.Sigmoid()", "nn.ReLU()"), "self.act(x)") == set()
+
+
 def test_neg_inf_fills_in_place_and_by_item_assignment():
     code = "import math\ns.masked_fill_(m, -math.inf)\nt[m] = float('-inf')\ns + t\n"
     assert kinds_of(code, "s + t") == {Kind.NEG_INF}

@@ -31,7 +31,12 @@ from nandoctor.lint.tags import NONE, Kind, Tag, Tags, keep, kinds
 __all__ = ["Flow", "Kind", "Tag", "Tags", "is_neg_inf"]
 
 
-_KEEP_THROUGH_VIEWS = frozenset(Kind) - {Kind.CONST, Kind.SOFTMAX_MODULE, Kind.FLOAT32}
+_KEEP_THROUGH_VIEWS = frozenset(Kind) - {
+    Kind.CONST,
+    Kind.SOFTMAX_MODULE,
+    Kind.SIGMOID_MODULE,
+    Kind.FLOAT32,
+}
 
 
 class Flow:
@@ -235,6 +240,10 @@ def _call(flow: Flow, call: ast.Call) -> Tags:
         return frozenset({Tag(Kind.SOFTMAX, call)})
     if name in p.SOFTMAX_MODULES or _builds_a_softmax_module(flow, call, name):
         return frozenset({Tag(Kind.SOFTMAX_MODULE, call)})
+    if flow.has(call.func, Kind.SIGMOID_MODULE):
+        return frozenset({Tag(Kind.POSITIVE, call), Tag(Kind.SIGMOID, call)})
+    if name in p.SIGMOID_MODULES or _ends_in(flow, call, name, Kind.SIGMOID_MODULE):
+        return frozenset({Tag(Kind.SIGMOID_MODULE, call)})
     if isinstance(call.func, ast.Name) and call.func.id == "float":
         return _float_literal(call)
     inf = _neg_inf_tags(flow, call, name, method, receiver)
@@ -256,9 +265,12 @@ def _builds_a_softmax_module(flow: Flow, call: ast.Call, name: str | None) -> bo
     """`Net()` whose forward returns a softmax; `nn.Sequential(..., nn.Softmax(1))`."""
     if isinstance(call.func, ast.Name) and name is None:
         return call.func.id in flow.softmax_classes
-    if name == "torch.nn.Sequential" and call.args:
-        return flow.has(call.args[-1], Kind.SOFTMAX_MODULE)
-    return False
+    return _ends_in(flow, call, name, Kind.SOFTMAX_MODULE)
+
+
+def _ends_in(flow: Flow, call: ast.Call, name: str | None, module: Kind) -> bool:
+    """`nn.Sequential(..., nn.Softmax(1))`: a stack whose last module is such a module."""
+    return name == "torch.nn.Sequential" and bool(call.args) and flow.has(call.args[-1], module)
 
 
 def _neg_inf_tags(flow: Flow, call: ast.Call, name, method, receiver) -> Tags:

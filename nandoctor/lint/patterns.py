@@ -24,6 +24,7 @@ SOFTMAX = frozenset(
     }
 )
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax", "torch.nn.modules.activation.Softmax"})
+SIGMOID_MODULES = frozenset({"torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid"})
 LOG = frozenset({"torch.log", "torch.log2", "torch.log10", "torch.Tensor.log"})
 LOG_METHODS = frozenset({"log", "log_", "log2", "log10"})
 CLIP = frozenset(

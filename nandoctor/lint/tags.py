@@ -13,6 +13,7 @@ class Kind(Enum):
     SOFTMAX = "softmax output"
     SOFTMAX_EPS = "softmax output plus an epsilon"
     SOFTMAX_MODULE = "nn.Softmax module"
+    SIGMOID_MODULE = "nn.Sigmoid module"
     SIGMOID = "sigmoid output: a probability that rounds to exactly 0 for z below ~-17"
     COMPLEMENT = "one minus a sigmoid: exactly 0 once the sigmoid rounds to 1"
     NEG_INF = "-inf fill"

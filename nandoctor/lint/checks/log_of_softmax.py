@@ -1,13 +1,13 @@
 """log-of-softmax: `torch.log` of a softmax output, or of a sigmoid's, in every spelling.
 
-Found through aliases and methods (`F.softmax`, `x.softmax(-1).log()`, an `nn.Softmax`
-module), through variables in the same function (`probs = softmax(...)` then
-`log(probs)`), and through views and gathers (`probs.gather(1, y)`). `log(probs + 1e-8)` is
-a warning: the epsilon hides the zero in float32 only, and `1e-8` is 0 in float16.
-A sigmoid's probability fails the same way (`log(1 - sigmoid(z))`, the other half of a
-hand-written binary cross-entropy, is log-of-zero's: the zero is the subtraction's).
-`F.log_softmax`, `F.logsigmoid`, a clamped probability and a user's own `log` are not
-flagged.
+Found through aliases and methods (`F.softmax`, `x.softmax(-1).log()`, an `nn.Softmax` or
+`nn.Sigmoid` module, one ending an `nn.Sequential`), through variables in the same
+function (`probs = softmax(...)` then `log(probs)`), and through views and gathers
+(`probs.gather(1, y)`). `log(probs + 1e-8)` is a warning: the epsilon hides the zero in
+float32 only, and `1e-8` is 0 in float16. A sigmoid's probability fails the same way
+(`log(1 - sigmoid(z))`, the other half of a hand-written binary cross-entropy, is
+log-of-zero's: the zero is the subtraction's). `F.log_softmax`, `F.logsigmoid`, a clamped
+probability and a user's own `log` are not flagged.
 """
 
 from __future__ import annotations
