@@ -172,6 +172,17 @@ def test_a_file_that_does_not_parse_is_reported_and_fails(here):
     assert "train.py:3:8: error[log-of-softmax]" in result.stdout
 
 
+def test_a_lone_file_that_does_not_parse_is_no_file_checked(here):
+    script(here, "import torch\ndef f(:\n", "broken.py")
+    result = lint("broken.py")
+    assert result.exit_code == 1
+    assert result.stdout.endswith("No file checked: 1 file could not be linted.\n")
+
+
+def test_the_help_names_notebooks():
+    assert "*.ipynb" in runner.invoke(app, ["lint", "--help"]).stdout
+
+
 def test_a_reader_that_stops_early_ends_nothing_but_the_listing(tmp_path):
     """`nandoctor lint . | head`: once the pipe closes, the listing stops quietly and the
     exit code stays the findings' (rich's default exited 1 as if the user's code had

@@ -79,11 +79,35 @@ def test_a_syntax_error_is_reported_with_its_line(tmp_path):
     assert broken.exists()
 
 
-def test_undecodable_bytes_are_reported(tmp_path):
+def test_undecodable_bytes_are_reported_with_their_line_and_the_remedy(tmp_path):
     path = tmp_path / "latin.py"
     path.write_bytes(b"import torch\nname = '\xe9'\n")
+    result = lint_paths([path])
+    (skipped,) = result.skipped
+    assert (skipped.line, skipped.column) == (2, 9)
+    assert skipped.reason.startswith("cannot read: byte 0xe9 is not utf-8")
+    assert "coding:" in skipped.reason
+    assert result.files_checked == 0 and result.fails(Severity.ERROR)
+
+
+def test_a_nul_byte_is_reported_with_its_line(tmp_path):
+    path = write(tmp_path, "blob.py", "import torch\nx = 1\0\n")
     (skipped,) = lint_paths([path]).skipped
-    assert "cannot read" in skipped.reason
+    assert (skipped.line, skipped.column, skipped.reason) == (2, 6, "a NUL byte: not Python source")
+
+
+def test_a_syntax_error_says_its_reason_once():
+    (skipped,) = lint_text("import torch\nx = = 1\n").skipped
+    assert skipped.reason == "invalid syntax"
+    (skipped,) = lint_text("import torch\nf(\n").skipped
+    assert skipped.reason == "invalid syntax: '(' was never closed"
+
+
+def test_only_files_read_and_parsed_count_as_checked(tmp_path):
+    write(tmp_path, "broken.py", "import torch\ndef f(:\n")
+    write(tmp_path, "train.py")
+    result = lint_paths([tmp_path])
+    assert result.files_checked == 1 and len(result.skipped) == 1
 
 
 def test_a_coding_cookie_is_honoured(tmp_path):
@@ -102,11 +126,10 @@ def test_a_pasted_snippet_without_imports_is_checked_with_the_conventional_names
 
 
 def test_folders_of_notebooks_are_searched(tmp_path):
-    write(tmp_path, "nb/explore.ipynb", "{}")
+    write(tmp_path, "nb/explore.ipynb", '{"cells": []}')
     write(tmp_path, "nb/.ipynb_checkpoints/explore-checkpoint.ipynb", "{}")
     result = lint_paths([tmp_path / "nb"])
-    assert result.files_checked == 1
-    assert [s.path.endswith("explore.ipynb") for s in result.skipped] == [True]
+    assert result.files_checked == 1 and result.skipped == (), "checkpoints are not read"
 
 
 def test_suppression_by_id_and_for_all():

@@ -98,7 +98,7 @@ def test_an_unparsable_notebook_is_skipped_and_fails(here):
     assert "broken.ipynb: error[not-linted] cannot read: not a notebook" in result.stdout
     assert "syntax.ipynb:cell 2:1:7: error[not-linted] invalid syntax" in result.stdout
     assert (
-        "No problems in 2 files checked; 1 file and 1 notebook cell could not be linted."
+        "No problems in 1 file checked; 1 file and 1 notebook cell could not be linted."
         in result.stdout
     )
 

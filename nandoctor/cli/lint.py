@@ -19,7 +19,9 @@ READ_SUFFIXES = (".py", ".pyi", ".ipynb")  # what lint reads: never a report's p
 @app.command()
 @handles_errors
 def lint(
-    paths: list[Path] = typer.Argument(..., help="Python files, or folders to search for *.py."),
+    paths: list[Path] = typer.Argument(
+        ..., help="Python files and notebooks, or folders to search for *.py and *.ipynb."
+    ),
     select: list[str] | None = typer.Option(
         None, "--select", help="Only these check ids (comma-separated or repeated)."
     ),

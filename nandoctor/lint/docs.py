@@ -73,8 +73,10 @@ nandoctor lint PATH... [--select ID,...] [--ignore ID,...] [--fail-on error|warn
 - `--quiet`: one line per finding, no code excerpt.
 
 Exit codes: **0** no finding at or above `--fail-on`; **1** such findings, or a file that
-could not be linted (a syntax error is reported with its line, never a crash); **2** a
-usage or configuration error (a missing PATH, an unknown id), in one line.
+could not be linted (a syntax error, bytes that are not its encoding's or a NUL byte is
+reported with its line, never a crash; such a file does not count among the files
+checked, the JSON's `files_checked` included); **2** a usage or configuration error (a
+missing PATH, an unknown id), in one line.
 
 Severities: **error**: produces inf/NaN whenever the values get there; **warning**: likely
 to in some runs; **info**: a heuristic, marked `(heuristic)`, worth a look and often fine.

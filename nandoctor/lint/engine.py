@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nandoctor.lint.config import LintConfig
 from nandoctor.lint.files import discover, display_path
-from nandoctor.lint.findings import FROM_LINE, Finding, LintResult, Skipped
+from nandoctor.lint.findings import FROM_LINE, Finding, LintResult, Skipped, syntax_reason
 from nandoctor.lint.notebook import (
     CellError,
     Notebook,
@@ -41,6 +41,7 @@ class FileOutcome:
     findings: tuple[Finding, ...] = ()
     suppressed: int = 0
     skipped: tuple[Skipped, ...] = ()
+    checked: bool = True  # False: the file could not be read or parsed at all
 
 
 def lint_paths(paths: Sequence[str | Path], config: LintConfig | None = None) -> LintResult:
@@ -54,7 +55,7 @@ def lint_paths(paths: Sequence[str | Path], config: LintConfig | None = None) ->
     return LintResult(
         findings=tuple(findings),
         skipped=tuple(s for o in outcomes for s in o.skipped),
-        files_checked=len(files),
+        files_checked=sum(o.checked for o in outcomes),
         suppressed=sum(o.suppressed for o in outcomes),
     )
 
@@ -65,21 +66,25 @@ def lint_file(path: Path, config: LintConfig) -> FileOutcome:
         return lint_notebook(path, shown, config)
     try:
         text = _read(path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as e:
-        return FileOutcome(skipped=(Skipped(shown, f"cannot read: {e}"),))
+    except UnicodeDecodeError as e:
+        return _not_checked(_undecodable(shown, e))
+    except (OSError, SyntaxError) as e:
+        return _not_checked(Skipped(shown, f"cannot read: {e}"))
     return lint_text(text, shown, config)
 
 
 def lint_text(text: str, path: str = "<string>", config: LintConfig | None = None) -> FileOutcome:
     """Lint one file's text; `path` is only what findings show."""
     config = config or LintConfig()
+    if (nul := text.find("\0")) >= 0:  # NB: `ast` names no line for it
+        line, column = text.count("\n", 0, nul) + 1, nul - text.rfind("\n", 0, nul)
+        return _not_checked(Skipped(path, "a NUL byte: not Python source", line, column))
     try:
         src = Source(path, text)
     except SyntaxError as e:
-        reason = f"invalid syntax: {e.msg}"
-        return FileOutcome(skipped=(Skipped(path, reason, e.lineno, e.offset),))
+        return _not_checked(Skipped(path, syntax_reason(e.msg), e.lineno, e.offset))
     except (ValueError, RecursionError, MemoryError) as e:
-        return FileOutcome(skipped=(Skipped(path, f"cannot parse: {e}"),))
+        return _not_checked(Skipped(path, f"cannot parse: {e}"))
     if not src.imports_torch:
         return FileOutcome()
     return _run_checks(src, config)
@@ -90,7 +95,7 @@ def lint_notebook(path: Path, shown: str, config: LintConfig) -> FileOutcome:
     try:
         notebook = read_notebook(path)
     except (OSError, NotebookError) as e:
-        return FileOutcome(skipped=(Skipped(shown, f"cannot read: {e}"),))
+        return _not_checked(Skipped(shown, f"cannot read: {e}"))
     outcome = lint_text(notebook.text, shown, config)
     broken = tuple(_broken_cell(shown, e, notebook) for e in notebook.errors)
     return FileOutcome(
@@ -98,6 +103,22 @@ def lint_notebook(path: Path, shown: str, config: LintConfig) -> FileOutcome:
         suppressed=outcome.suppressed,
         skipped=broken + tuple(_skipped_in_cell(s, notebook) for s in outcome.skipped),
     )
+
+
+def _not_checked(skipped: Skipped) -> FileOutcome:
+    return FileOutcome(skipped=(skipped,), checked=False)
+
+
+def _undecodable(shown: str, e: UnicodeDecodeError) -> Skipped:
+    """Where the first byte that does not decode is, by line and column, as Python says it."""
+    data = e.object if isinstance(e.object, bytes) else bytes(e.object)
+    line = data.count(b"\n", 0, e.start) + 1
+    column = e.start - data.rfind(b"\n", 0, e.start)
+    reason = (
+        f"cannot read: byte 0x{data[e.start]:02x} is not {e.encoding} ({e.reason}); "
+        "declare the file's encoding in a `# -*- coding: ... -*-` line"
+    )
+    return Skipped(shown, reason, line, column)
 
 
 def _in_cell(finding: Finding, notebook: Notebook) -> Finding:

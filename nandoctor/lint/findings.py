@@ -87,6 +87,12 @@ class Skipped:
     in_file: tuple[int, int] | None = None  # a notebook's: (line, column) in the .ipynb file
 
 
+def syntax_reason(message: str) -> str:
+    """A syntax error's reason as a skipped file shows it (Python's own message is often
+    just "invalid syntax")."""
+    return message if message.startswith("invalid syntax") else f"invalid syntax: {message}"
+
+
 @dataclass(frozen=True)
 class LintResult:
     findings: tuple[Finding, ...]

@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from nandoctor.lint.findings import syntax_reason
+
 SUFFIX = ".ipynb"
 
 _IPYTHON_LINE = re.compile(r"^(\s*)(?:[%!]|\w+\s*=\s*[%!])")
@@ -162,7 +164,7 @@ def _syntax_error(cell: int, code: list[str]) -> CellError | None:
     try:
         ast.parse("\n".join(code) + "\n")
     except SyntaxError as e:
-        return CellError(cell, e.lineno, e.offset, f"invalid syntax: {e.msg}")
+        return CellError(cell, e.lineno, e.offset, syntax_reason(e.msg))
     except (ValueError, RecursionError, MemoryError) as e:  # NB: a NUL byte, deep nesting
         return CellError(cell, None, None, f"cannot parse: {e}")
     return None

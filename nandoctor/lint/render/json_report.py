@@ -1,7 +1,7 @@
 """`--json`: the findings as JSON, for scripts and CI. For example (abridged)::
 
 {"schema_version": 1, "tool": {"name": "nandoctor", "version": "0.1.0"},
- "command": "lint", "status": "findings", "files_checked": 2, "suppressed": 0,
+ "command": "lint", "status": "findings", "files_checked": 1, "suppressed": 0,
  "summary": {"error": 1, "warning": 1, "info": 0},
  "findings": [{"id": "log-of-softmax", "severity": "error", "title": "...",
                "path": "train.py", "line": 9, "column": 26, "end_line": 9,

@@ -76,7 +76,7 @@ def skipped_line(skipped: Skipped) -> Text:
 
 def summary(result: LintResult) -> Text:
     checked = f"{result.files_checked} file{'s' * (result.files_checked != 1)} checked"
-    if result.files_checked == 0:
+    if result.files_checked == 0 and not result.skipped:
         return Text("No Python files or notebooks found.", style="yellow")
     counts = ", ".join(
         f"{n} {s}{'s' * (n != 1 and s is not Severity.INFO)}"  # "2 errors", "2 info"
@@ -93,6 +93,8 @@ def summary(result: LintResult) -> Text:
         line = line[:-1] + f"; {result.suppressed} suppressed."
     if result.skipped:
         line = line[:-1] + f"; {_not_linted(result.skipped)} could not be linted."
+        if not result.files_checked:
+            line = f"No file checked: {_not_linted(result.skipped)} could not be linted."
     style = "bold red" if n or result.skipped else "bold green"
     return Text(line, style=style)
 
