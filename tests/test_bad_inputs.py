@@ -209,6 +209,32 @@ def test_an_empty_report_path_is_refused_before_the_run(folder, args):
     assert "HEALTHY" not in result.output  # refused before the run
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diagnose", "{config}", "--junit", "--fail-on-divergence"],
+        ["diagnose", "{config}", "--json", "--quiet"],
+        ["diagnose", "{config}", "--tensorboard", "--fail-on-divergence"],
+        ["baseline", "{config}", "--out", "--quiet"],
+        ["compare", "{config}", "--markdown", "--quiet"],
+        ["lint", "{train}", "--sarif", "--quiet"],
+    ],
+)
+def test_an_option_taken_for_a_report_path_is_refused_before_the_run(folder, args, monkeypatch):
+    """`--junit $REPORT --fail-on-divergence` with REPORT unset and unquoted: the option
+    became the report's path, and the job lost its gate and passed (exit 0)."""
+    monkeypatch.chdir(folder)
+    (folder / "config.yaml").write_text(BASE)
+    (folder / "train.py").write_text(TRAIN_PY)
+    args = [a.format(config=folder / "config.yaml", train=folder / "train.py") for a in args]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    option, value = args[-2:]
+    assert f"error: {option}: got the option '{value}' where a path was expected" in result.output
+    assert "HEALTHY" not in result.output
+    assert not (folder / value).exists()
+
+
 def test_a_folder_that_refuses_new_files_is_found_before_the_run(folder):
     """/proc passes every permission check as root, yet creates no file: only trying
     tells (the report was lost after a whole run)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from nandoctor.cli.output import check_not_input, check_writable, resolved
+from nandoctor.cli.output import check_not_input, check_writable, refuse_an_option, resolved
 from nandoctor.errors import UsageError
 from nandoctor.setup.dtypes import canonical_dtype
 from nandoctor.setup.limits import MAX_STEPS
@@ -90,6 +90,7 @@ def checked_logdir(logdir: str | None, outputs: dict[str, str | None]) -> str | 
         return None
     if not logdir:
         raise UsageError("--tensorboard: expected a folder, got an empty string")
+    refuse_an_option(logdir, "--tensorboard")
     from nandoctor.render import tensorboard  # NB: not for every command's start-up
 
     logdir = resolved(logdir)

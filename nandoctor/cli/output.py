@@ -57,6 +57,7 @@ def check_writable(path: str, option: str) -> None:
         return
     if not path:
         raise UsageError(f"{option}: expected a file path or '-', got an empty string")
+    refuse_an_option(path, option)
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise UsageError(f"{option} {path}: folder {folder} does not exist")
@@ -71,6 +72,16 @@ def check_writable(path: str, option: str) -> None:
         raise UsageError(
             f"{option} {path}: folder {folder} is not writable: {_reason(e)}"
         ) from None
+
+
+def refuse_an_option(path: str, option: str) -> None:
+    """`--junit $REPORT --fail-on-divergence` with REPORT unset hands the next option to
+    `--junit` as its path: the run would lose both its report and its gate (exit 2)."""
+    if path.startswith("-") and path != "-":
+        raise UsageError(
+            f"{option}: got the option {path!r} where a path was expected "
+            f'(an unset variable left unquoted? quote it: {option} "$VAR")'
+        )
 
 
 def check_not_input(path: str | None, option: str, inputs: dict[str, Path]) -> None:
