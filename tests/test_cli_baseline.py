@@ -58,6 +58,7 @@ def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
     data = json.loads(text)
     assert data["format"] == "nandoctor-baseline" and data["schema_version"] == 1
     assert data["dtype"] == "float32" and data["autocast_policy"] == "cuda"  # the default
+    assert data["grad_scaler"] is False
     assert list(data) == sorted(data)  # diff-friendly
     baseline = read_baseline(str(out))
     assert baseline.health.steps == 12 and {m.module for m in baseline.health.modules} >= {
@@ -144,6 +145,17 @@ def test_a_missing_or_foreign_baseline_is_a_usage_error(project, tmp_path):
     assert result.exit_code == 2 and "not a nandoctor baseline" in result.output
 
 
+def test_a_damaged_baseline_names_the_key(project, tmp_path):
+    path, out = config(project, tmp_path), tmp_path / "b.json"
+    runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    data = json.loads(out.read_text())
+    data["health"]["modules"] = "fc1"
+    out.write_text(json.dumps(data))
+    result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(out), "-q"])
+    assert result.exit_code == 2
+    assert f"--baseline {out}: malformed baseline: health.modules: " in result.output
+
+
 def test_a_baseline_of_another_dtype_is_refused_before_the_run(project, tmp_path):
     path, out, report = config(project, tmp_path), tmp_path / "b.json", tmp_path / "r.json"
     runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
@@ -165,8 +177,9 @@ def test_a_baseline_of_another_model_is_refused_before_the_run(project, tmp_path
     result = runner.invoke(app, ["diagnose", str(other), "--baseline", str(out), "-q"])
     assert result.exit_code == 2, result.output
     assert f"--baseline {out}: recorded from another model ({path})" in result.output
-    assert "none of its modules (act ReLU, act2 ReLU, fc1 Linear, ...)" in result.output
-    assert "is in this run's (0 Linear)" in result.output
+    assert "none of its" in result.output and "modules is in this run's" in result.output
+    assert "(not in this run: act ReLU, act2 ReLU, fc1 Linear, ...;" in result.output
+    assert "this run's: 0 Linear)" in result.output
 
 
 def test_time_budget_stops_the_run_and_judges_what_ran(project):

@@ -14,12 +14,14 @@ from nandoctor.report.types import Environment
 HEALTH = Health(10, 0.5, GradNorms(0.5, 1.0, 2.0, 3.0), 0, 0, 0.1, "", [])
 
 
-def recorded(dtype="float16", device="cpu", policy: str | None = "cuda") -> Baseline:
-    return Baseline("c.yaml", None, dtype, device, "2.x", 0, 10, HEALTH, policy)
+def recorded(
+    dtype="float16", device="cpu", policy: str | None = "cuda", scaler: bool | None = True
+) -> Baseline:
+    return Baseline("c.yaml", None, dtype, device, "2.x", 0, 10, HEALTH, policy, scaler)
 
 
-def run(dtype="float16", device="cpu", policy="cuda") -> Environment:
-    return Environment(device, "2.x", dtype, True, 2, autocast_policy=policy)
+def run(dtype="float16", device="cpu", policy="cuda", scaler=True) -> Environment:
+    return Environment(device, "2.x", dtype, scaler, 2, autocast_policy=policy)
 
 
 def refusal(baseline: Baseline, environment: Environment) -> str:
@@ -59,6 +61,15 @@ def test_a_baseline_recorded_before_it_kept_its_policy_is_checked_on_its_dtype()
     assert "recorded in float32" in refusal(recorded("float32", policy=None), run())
 
 
+def test_a_run_with_or_without_a_grad_scaler_unlike_its_baseline_is_refused():
+    """With a scaler the recorded gradients carry its scale: a run without one, its
+    gradients grown 55,000x, passed against them."""
+    message = refusal(recorded(scaler=True), run(scaler=False))
+    assert "recorded with a GradScaler, this run has none" in message
+    assert "recorded with none, this run has a GradScaler" in refusal(recorded(scaler=False), run())
+    require_comparable(recorded(scaler=None), "b.json", run(scaler=False))  # an older baseline
+
+
 def test_a_model_that_grew_or_lost_layers_is_still_gated_on_the_rest():
     """Only a baseline that shares no module with the run is another model's; a grown
     model's new layers are judged by the gate ("not measured in the baseline")."""
@@ -78,6 +89,10 @@ def test_a_model_sharing_a_layer_by_chance_is_another_model():
     baseline = recorded()
     baseline.health = Health(10, 0.5, GradNorms(0.5, 1.0, 2.0, 3.0), 0, 0, 0.1, "", mlp)
     conv = {"": "Sequential", "0": "Conv1d", "1": "Flatten", "2": "Linear"}
-    with pytest.raises(UsageError, match="only 1 of 4 of its modules"):
+    with pytest.raises(UsageError) as caught:
         require_same_model(baseline, "b.json", conv)
+    message = caught.value.message
+    assert "only 1 of its 4 modules are in this run's" in message
+    assert "(not in this run: 0 Linear, 4 Linear" in message
+    assert "this run's: 0 Conv1d, 1 Flatten, 2 Linear)" in message
     require_same_model(baseline, "b.json", {"0": "Linear", "2": "Linear", "8": "Linear"})

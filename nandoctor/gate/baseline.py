@@ -37,6 +37,7 @@ class Baseline:
     steps: int
     health: Health
     autocast_policy: str | None = None  # None: recorded before baselines kept it
+    grad_scaler: bool | None = None  # None: recorded before baselines kept it
     format: str = FORMAT
     schema_version: int = BASELINE_VERSION
 
@@ -62,6 +63,7 @@ def baseline_of(report: Report, seed: int, steps: int) -> Baseline:
         steps,
         report.health,
         env.autocast_policy,
+        env.grad_scaler,
     )
 
 
@@ -85,6 +87,15 @@ def require_comparable(baseline: Baseline, path: str, run: Environment) -> None:
             f"{_LISTS[running]}: their {dtype} ops differ; record the baseline as this run "
             "runs (same device and --autocast-policy)"
         )
+    if baseline.grad_scaler is not None and baseline.grad_scaler != run.grad_scaler:
+        # NB: with a scaler the recorded gradients carry its scale (65536 at the start):
+        # a run without one compared its true gradients with those, and passed any growth
+        had, has = ("a GradScaler", "none") if baseline.grad_scaler else ("none", "a GradScaler")
+        raise UsageError(
+            f"--baseline {path}: recorded with {had}, this run has {has}: its gradients' "
+            "peaks are not comparable; record the baseline as this run runs "
+            "(precision.grad_scaler)"
+        )
 
 
 def require_same_model(baseline: Baseline, path: str, modules: dict[str, str]) -> None:
@@ -99,12 +110,12 @@ def require_same_model(baseline: Baseline, path: str, modules: dict[str, str]) -
     shared = recorded & {(n, t) for n, t in modules.items() if n}
     if not recorded or 2 * len(shared) >= len(recorded):
         return
-    which = "none" if not shared else f"only {len(shared)} of {len(recorded)}"
+    which = "none" if not shared else f"only {len(shared)}"
     raise UsageError(
         f"--baseline {path}: recorded from another model ({baseline.config}): {which} of "
-        f"its modules ({_some(recorded - shared)}) "
-        f"{'is' if not shared else 'are'} in this run's ({_some(modules.items())}); record "
-        "the baseline from this model (nandoctor baseline CONFIG --out PATH)"
+        f"its {len(recorded)} modules {'is' if not shared else 'are'} in this run's (not "
+        f"in this run: {_some(recorded - shared)}; this run's: {_some(modules.items())}); "
+        "record the baseline from this model (nandoctor baseline CONFIG --out PATH)"
     )
 
 
@@ -149,6 +160,8 @@ def read_baseline(path: str) -> Baseline:
     try:
         return TypeAdapter(Baseline).validate_python(data)
     except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(k) for k in first["loc"]) or "the file"
         raise UsageError(
-            f"--baseline {path}: malformed baseline: {str(e).splitlines()[0]}"
+            f"--baseline {path}: malformed baseline: {where}: {first['msg']}"
         ) from None
