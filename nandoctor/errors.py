@@ -57,6 +57,9 @@ class UserCodeError(NandoctorError):
         super().__init__(f"{where} raised {type(error).__name__}: {error}")
         self.where = where
         self.error = error
+        # NB: the report of the run it ended, status "error" (diagnose): the CLI writes it
+        # before the error is shown, as for sys.exit (a CI job keeps its report)
+        self.report: Any = None
 
     def user_frames(self) -> list[traceback.FrameSummary]:
         """The traceback without the frames of nandoctor and of installed libraries.

@@ -49,6 +49,16 @@ def calls_sys_exit(model, batch):
     sys.exit(4)
 
 
+CALLS = []
+
+
+def raises_at_step_two(model, batch):
+    CALLS.append(1)
+    if len(CALLS) == 3:
+        raise RuntimeError("the user's loss broke")
+    return xy_loss(model, batch)
+
+
 def calls_os_exit(model, batch):
     os._exit(5)
 
@@ -184,6 +194,8 @@ def no_traceback_of_ours(result) -> None:
 RUNS = [
     ("sys.exit in the loss", "loss: faults.py:calls_sys_exit", 3, "loss (step 0) called sys.exit(4): your code ended the run", "error"),
     ("os._exit in the loss", "loss: faults.py:calls_os_exit", 3, "loss (step 0) called os._exit(5)", "error"),
+    # NB: the report of the steps before is written (a CI job's `if: always()` finds it)
+    ("an exception in the loss", "loss: faults.py:raises_at_step_two", 3, "error: loss (step 2) raised RuntimeError: the user's loss broke", "error"),
     ("SystemExit in the model builder", "model: faults.py:exits_while_building", 3, "called sys.exit(0)", None),
     ("Ctrl-C in the loss", "loss: faults.py:presses_ctrl_c", 130, "INTERRUPTED", "interrupted"),
     ("Ctrl-C while building the model", "model: faults.py:ctrl_c_while_building", 130, "interrupted", "interrupted"),

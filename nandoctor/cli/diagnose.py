@@ -18,7 +18,7 @@ from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
-from nandoctor.errors import RankDied, UsageError
+from nandoctor.errors import RankDied, UsageError, UserCodeError
 from nandoctor.gate.tolerances import Tolerances
 
 if TYPE_CHECKING:
@@ -140,6 +140,10 @@ def diagnose(
         report = run_with_progress(console, "diagnose", str(config), loaded, settings, quiet)
     except KeyboardInterrupt:  # still building the run: the report says nothing ran
         write_reports(engine.interrupted_before_the_run(loaded), outputs)
+        raise
+    except UserCodeError as e:  # NB: raised during the run: its report first (exit 3)
+        if e.report is not None and distributed.current_rank() == 0:
+            write_reports(e.report, outputs)
         raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()

@@ -71,7 +71,9 @@ def diagnose(
     on_session: SessionCallback | None = None,
     on_step: StepCallback | None = None,
 ) -> Report:
-    """Run, replay, explain; the report of all of it (an interrupt leaves a partial one)."""
+    """Run, replay, explain; the report of all of it (an interrupt leaves a partial one).
+    The user's code raising during the run raises its `UserCodeError`, with the report of
+    the steps before (status "error") as its `report`."""
     options = options or DiagnoseOptions()
     forget_torch_globals()  # what an earlier run's code set is not this run's
     session = build_session(loaded)
@@ -135,7 +137,11 @@ def diagnose(
     if session.ranks is not None:
         # NB: a rank that hung (status "error") would never reach the final barrier
         _leave(session, interrupted=result.status in ("interrupted", "error"))
-    return assemble(findings)
+    report = assemble(findings)
+    if result.raised is not None:  # the user's code raised: its report rides with the error
+        result.raised.report = report
+        raise result.raised
+    return report
 
 
 def interrupted_before_the_run(loaded: LoadedConfig) -> Report:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from nandoctor.errors import PeerFailure, UserExit
+from nandoctor.errors import PeerFailure, UserCodeError, UserCodeOutOfMemory, UserExit
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
@@ -48,7 +48,10 @@ def fast_run(
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     `batches` replaces the session's stream (a run resumed from a snapshot starts later).
     With `user_exit_ends_run`, `sys.exit()` or `os._exit()` in the user's code ends the run
-    with status "error" (`ended_by` says where), judged on the steps done, not raised; with
+    with status "error" (`ended_by` says where), judged on the steps done, not raised, and
+    so does an exception it raises in a single process (kept in `raised`, for the caller
+    to raise once the report is written; out of memory is the machine's, and still
+    raises); with
     `peer_hang_ends_run` (the rank that reports for a data-parallel job), so does another
     rank that hung (it stopped answering the collectives: its data, its model).
     """
@@ -82,6 +85,11 @@ def fast_run(
         if not ends:
             raise
         result.status, result.ended_by = "error", e.message
+    except UserCodeError as e:
+        alone = session.ranks is None  # NB: a rank that carried on would hang the others
+        if not (user_exit_ends_run and alone) or isinstance(e, UserCodeOutOfMemory):
+            raise
+        result.status, result.ended_by, result.raised = "error", e.message, e
     recorder.stop()
     return result
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from nandoctor.errors import UserCodeError
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
@@ -32,6 +33,7 @@ class RunResult:
     seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # wall time between verdicts
     ended_by: str | None = None  # status "error": the user's code ended the run (sys.exit)
+    raised: UserCodeError | None = None  # status "error": ...by raising this
 
     @property
     def steps_completed(self) -> int:
