@@ -16,9 +16,23 @@ def session_of(project, **overrides):
 
 
 def config_error(project, **overrides) -> str:
+    """The message after the `config.yaml:LINE: ` that names the file and the key's line."""
+    path = project(base_config(**overrides))
     with pytest.raises(ConfigError) as info:
-        session_of(project, **overrides)
-    return info.value.message
+        build_session(load_config(path))
+    where, _, message = info.value.message.partition(": ")
+    assert where.startswith(f"{path}"), info.value.message
+    return message
+
+
+def test_an_error_building_the_run_names_the_file_and_the_keys_line(project):
+    path = project(
+        "model: train.py:build_model\ndata: train.py:build_data\n"
+        "optimizer: {name: SGD, lr: fast}\nsteps: 2\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        build_session(load_config(path))
+    assert info.value.message == f"{path}:3: optimizer.lr: expected a number, got 'fast'"
 
 
 def test_builds_everything_the_config_names(project):

@@ -49,9 +49,9 @@ def fast_run(
     `batches` replaces the session's stream (a run resumed from a snapshot starts later).
     With `user_exit_ends_run`, `sys.exit()` or `os._exit()` in the user's code ends the run
     with status "error" (`ended_by` says where), judged on the steps done, not raised, and
-    so does an exception it raises in a single process (kept in `raised`, for the caller
-    to raise once the report is written; out of memory is the machine's, and still
-    raises); with
+    so does an exception it raises in a single process once a step has ended (kept in
+    `raised`, for the caller to raise once the report is written; out of memory is the
+    machine's, and still raises); with
     `peer_hang_ends_run` (the rank that reports for a data-parallel job), so does another
     rank that hung (it stopped answering the collectives: its data, its model).
     """
@@ -87,7 +87,10 @@ def fast_run(
         result.status, result.ended_by = "error", e.message
     except UserCodeError as e:
         alone = session.ranks is None  # NB: a rank that carried on would hang the others
-        if not (user_exit_ends_run and alone) or isinstance(e, UserCodeOutOfMemory):
+        # NB: raised before any step ended, it is a bad input (a batch the model cannot
+        # take): one line, no report, as for any other
+        ran = result.steps_run > 0
+        if not (user_exit_ends_run and alone and ran) or isinstance(e, UserCodeOutOfMemory):
             raise
         result.status, result.ended_by, result.raised = "error", e.message, e
     recorder.stop()

@@ -13,7 +13,7 @@ import difflib
 import re
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,22 @@ class LoadedConfig:
 
     config: Config
     path: Path
+    lines: dict[Loc, int] = field(default_factory=dict, compare=False)  # key -> line
 
     @property
     def base_dir(self) -> Path:
         return self.path.resolve().parent
+
+    def placed(self, error: ConfigError) -> ConfigError:
+        """`error` naming this file, and the line of the key it starts with (`optimizer:
+        ...` raised while building the run names no file: SPEC wants file, key and what
+        was expected)."""
+        if error.message.startswith(str(self.path)):
+            return error
+        key = error.message.split(":", 1)[0]
+        line = _line_of(tuple(key.split(".")), self.lines) if " " not in key else None
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return ConfigError(f"{where}: {error.message}", hint=error.hint)
 
     def with_overrides(self, **changes: object) -> LoadedConfig:
         """A copy with command-line options applied (`dtype=` and `autocast_policy=` reach
@@ -46,7 +58,7 @@ class LoadedConfig:
         }
         if inner:
             updates["precision"] = self.config.precision.model_copy(update=inner)
-        return LoadedConfig(self.config.model_copy(update=updates), self.path)
+        return LoadedConfig(self.config.model_copy(update=updates), self.path, self.lines)
 
 
 def load_config(path: str | Path) -> LoadedConfig:
@@ -70,7 +82,7 @@ def load_config(path: str | Path) -> LoadedConfig:
         config = Config.model_validate(data)
     except pydantic.ValidationError as e:
         raise ConfigError(format_validation_error(path, e, lines)) from None
-    return LoadedConfig(config, path)
+    return LoadedConfig(config, path, lines)
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of keys: a larger file is not one

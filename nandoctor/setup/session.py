@@ -127,6 +127,14 @@ _NO_AUTOCAST = contextlib.nullcontext()
 
 
 def build_session(loaded: LoadedConfig) -> Session:
+    """The run the config describes, built; a config error names the file and key."""
+    try:
+        return _build_session(loaded)
+    except ConfigError as e:
+        raise loaded.placed(e) from None
+
+
+def _build_session(loaded: LoadedConfig) -> Session:
     config, base = loaded.config, loaded.base_dir
     add_python_path(base, config.python_path)
     ranks = distributed.join(config.distributed, config.device)
@@ -267,7 +275,7 @@ def _build_from_spec(
     if spec.factory is not None:
         factory = resolve(spec.factory, f"{key}.factory", base)
         _check_arguments(factory, key, spec.factory, (arg,), spec.kwargs)
-        _refuse_booleans_for_numbers(factory, key, spec.kwargs)
+        _refuse_non_numbers(factory, key, spec.kwargs)
         with user_code(f"{key} factory {spec.factory}"):
             return factory(arg, **spec.kwargs)
     name = spec.name or ""
@@ -275,29 +283,34 @@ def _build_from_spec(
     if not (isinstance(cls, type) and issubclass(cls, base_class)) or name.startswith("_"):
         hint = _suggest(spec.name, namespace, base_class)
         raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{hint}")
-    _refuse_booleans_for_numbers(cls, key, spec.kwargs)
+    _refuse_non_numbers(cls, key, spec.kwargs)
     try:
         return cast(Any, cls)(arg, **spec.kwargs)  # isinstance narrowed it to `type`
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}: {spec.name}({_kwargs_text(spec.kwargs)}) refused: {e}") from None
 
 
-def _refuse_booleans_for_numbers(fn: Any, key: str, kwargs: dict[str, Any]) -> None:
+def _refuse_non_numbers(fn: Any, key: str, kwargs: dict[str, Any]) -> None:
     """YAML reads `yes`, `no`, `on` and `off` as booleans, and Python takes True for 1:
     `lr: on` trained SGD at a rate of 1, silently. A boolean is refused where the
     signature wants a number (its default or its annotation says int or float, not bool);
-    `nesterov: yes` stays the boolean it is."""
+    `nesterov: yes` stays the boolean it is. So is a word (`lr: fast`), which the
+    optimizer refused with Python's own `'<=' not supported between ...`."""
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # NB: a builtin without a signature: nothing to check
         return
     for name, value in kwargs.items():
         param = parameters.get(name)
-        if isinstance(value, bool) and param is not None and _wants_number(param):
+        if not isinstance(value, (bool, str)) or param is None or not _wants_number(param):
+            continue
+        if isinstance(value, bool):
             raise ConfigError(
                 f"{key}.{name}: expected a number, got {str(value).lower()} "
                 "(YAML reads yes, no, on, off as booleans)"
             )
+        # NB: numeric strings ('3e-4') were read as numbers already (`conversion_notes`)
+        raise ConfigError(f"{key}.{name}: expected a number, got {value!r}")
 
 
 def _wants_number(param: inspect.Parameter) -> bool:
