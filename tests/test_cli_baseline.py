@@ -54,6 +54,7 @@ def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("nandoctor baseline ")  # the command that ran, -q
+    assert result.stdout.endswith(f"baseline of 12 steps written to {out}\n")
     text = out.read_text()
     data = json.loads(text)
     assert data["format"] == "nandoctor-baseline" and data["schema_version"] == 1

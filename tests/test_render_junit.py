@@ -77,7 +77,9 @@ def test_with_fail_on_divergence_a_diverged_finite_run_fails_its_own_case(tmp_pa
     report.events = [divergence_at(40)]
     suite, by_name = cases(render_junit(report, divergence_fails=True))
     assert by_name["finite run"].find("failure") is None
-    assert "loss diverged at step 40" in by_name["no divergence"].find("failure").get("message")
+    failure = by_name["no divergence"].find("failure")
+    assert "loss diverged at step 40" in failure.get("message")
+    assert failure.text.startswith(failure.get("message")), "the body says it too"
     assert suite.get("failures") == "1"
     _, by_name = cases(render_junit(report))  # information only, without the flag
     assert set(by_name) == {"finite run"}

@@ -65,6 +65,8 @@ def baseline(
     write_text(
         out, baseline_of(report, loaded.config.seed, report.steps_completed).to_json(), "--out"
     )
-    if not quiet:
-        console.print(f"baseline of {report.steps_completed} steps written to {out}")
+    if not quiet or out != "-":  # NB: a CI log says where the file went, --quiet or not
+        console.print(
+            f"baseline of {report.steps_completed} steps written to {out}", soft_wrap=True
+        )
     return outcome

@@ -84,7 +84,8 @@ def _divergence_case(report: Report) -> ET.Element:
     if not found:
         return _case("no divergence", "loss and gradient norm stayed near their level", False)
     message = "; ".join(divergence_text(e) for e in found)
-    return _case("no divergence", message, failed=True, details=report.summary)
+    # NB: the body too (dashboards show it, not the attribute); the run's outcome after it
+    return _case("no divergence", message, failed=True, details=f"{message}\n{report.summary}")
 
 
 def _case(
