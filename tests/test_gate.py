@@ -31,6 +31,23 @@ def test_the_same_health_passes_every_check():
     assert gate.passed and [c.name for c in gate.checks] == ["headroom loss", "scaler skips"]
 
 
+def test_a_pass_says_which_modules_it_could_not_compare():
+    """A model that gained or lost layers is gated on the rest: the pass says so."""
+    grown = health()
+    grown.modules.append(ModuleHealth("3", "Linear", 4.0, 1.0, order=4))
+    lost = replace(health(), modules=health().modules[:2])
+    gate = compare_to_baseline(grown, lost, "b.json", Tolerances(), "float16")
+    (check,) = [c for c in gate.checks if c.name == "headroom loss"]
+    assert check.passed and check.message.endswith(
+        "grew past 1.5x the baseline's (3 of this run's modules not in the baseline: "
+        "re-record the baseline to gate them)"
+    )
+    gate = compare_to_baseline(lost, health(), "b.json", Tolerances(), "float16")
+    assert "(2 of the baseline's not in this run: re-record" in gate.checks[0].message
+    same = compare_to_baseline(health(), health(), "b.json", Tolerances(), "float16")
+    assert same.checks[0].message.endswith("the baseline's")
+
+
 def test_growth_far_from_the_limit_is_not_a_regression():
     """The false alarm this gate was rebuilt for: 2x activations at 16 of 65504."""
     grown = health(scale=2.0, p90=2.5, loss=0.9, grad=3.0)

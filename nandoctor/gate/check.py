@@ -125,7 +125,7 @@ def _headroom_loss(
             name,
             True,
             f"no module's peak above {tol.headroom_floor:.1%} of {dtype}'s {top:.5g} grew past "
-            f"{tol.max_headroom_loss:g}x the baseline's",
+            f"{tol.max_headroom_loss:g}x the baseline's{_uncompared(current, baseline)}",
         )
     # NB: name where it starts: the first activation in forward order, else the last
     # gradient (gradients flow backwards)
@@ -141,6 +141,19 @@ def _headroom_loss(
         f"{tol.headroom_floor:.1%} of the range){others}"
     )
     return Check(name, False, message)
+
+
+def _uncompared(current: Health, baseline: Health) -> str:
+    """What a pass did not compare: a model that gained or lost layers is gated on the
+    modules both have, and the reader should know the rest was not."""
+    ours = {m.module for m in current.modules}
+    theirs = {m.module for m in baseline.modules}
+    parts = []
+    if new := len(ours - theirs):
+        parts.append(f"{new} of this run's modules not in the baseline")
+    if gone := len(theirs - ours):
+        parts.append(f"{gone} of the baseline's not in this run")
+    return f" ({', '.join(parts)}: re-record the baseline to gate them)" if parts else ""
 
 
 def _peak(module: ModuleHealth, kind: str) -> float | None:
