@@ -142,7 +142,7 @@ def diagnose(
         write_reports(engine.interrupted_before_the_run(loaded), outputs)
         raise
     except UserCodeError as e:  # NB: raised during the run: its report first (exit 3)
-        if e.report is not None and distributed.current_rank() == 0:
+        if e.report is not None:  # NB: set in a single process only (`fast_run`)
             write_reports(e.report, outputs)
         raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly

@@ -89,7 +89,7 @@ def _in_dtype(loaded: LoadedConfig, name: str) -> LoadedConfig:
     mixed = mixed.model_copy(update={"param_dtype": None})
     distributed = distributed.model_copy(update={"mixed_precision": mixed})
     return LoadedConfig(
-        changed.config.model_copy(update={"distributed": distributed}), changed.path
+        changed.config.model_copy(update={"distributed": distributed}), changed.path, changed.lines
     )
 
 
