@@ -100,6 +100,25 @@ def test_labels_missing_as_nan_and_masked_in_the_loss_are_a_healthy_run(project,
     assert report.status == "healthy" and report.first_nonfinite is None
 
 
+def test_skipping_batches_is_no_verified_fix_when_it_skips_most_of_them(project, tmp_path):
+    """Every batch holds a label missing as NaN, and `torch.where` lets it reach the
+    backward (0 * NaN): skipping the batches that hold NaN trained on none of them, and
+    was reported verified."""
+    where = "return torch.where(known, (model(x) - y) ** 2, 0).sum() / known.sum()"
+    (tmp_path / "masked.py").write_text(
+        MASKED + f"\n\ndef where_mse(model, batch):\n"
+        f"    x, y, _ = batch\n    known = ~torch.isnan(y)\n"
+        f"    {where}\n"
+    )
+    config = {"model": "masked.py:build_model", "data": "masked.py:regression"}
+    path = project(base_config(**config, loss="masked.py:where_mse", steps=6))
+    report = diagnose(load_config(path))  # NB: with the fixes replayed
+    assert (report.first_nonfinite.step, report.first_nonfinite.phase) == (0, "input")
+    skip = next(c for c in report.causes if c.id == "nonfinite-input")
+    assert skip.verified is not True
+    assert "skipped more batches than it trained on" in skip.verification
+
+
 @pytest.mark.parametrize("accum", [1, 2])  # 2: batch 3 is step 1's second micro-batch
 def test_a_failure_beside_masked_labels_is_found_at_its_own_step_and_op(project, tmp_path, accum):
     (tmp_path / "masked.py").write_text(MASKED)

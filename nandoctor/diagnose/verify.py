@@ -404,6 +404,12 @@ def _judge(
         run = plural(result.steps_run, "step")
         were = "was" if skipped == 1 else "were"
         finite = f"{run} stayed finite and {skipped} {were} skipped, to step {target}"
+    if skipped > result.steps_run:  # NB: 0 trained of 33 was "verified"
+        why = (
+            f"{fixed}, {finite}, but it skipped more batches than it trained on: NaN or inf "
+            "is in most batches, so dropping them is no fix (find where it comes from)"
+        )
+        return Verdict(Replay.STOPPED_LEARNING, why)
     learning = learning_of(result.telemetry.loss, case.reference_loss, resumed=resumed)
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
