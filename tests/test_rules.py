@@ -320,6 +320,20 @@ def test_a_backward_that_overflows_away_from_any_singular_point_is_not_one():
     assert ids(c)[0] == "fp16-overflow"
 
 
+def test_a_stray_zero_beside_an_overflow_finite_in_float32_is_no_singular_point():
+    """A diverged GPT-2 in float16: the backward of GELU's pow(x, 3) overflows (3 x^2,
+    |x| ~ 2e4) and its gradient holds one exact zero among 16384 values; float32 holds the
+    same op. The derivative of x^3 is 0 at 0: not a point of infinite derivative."""
+    c = case(
+        "aten.mul.Scalar", "backward", "inf", [stats(absmax=5.6e8, zeros=1)],
+        scalars=["other=3.0"], backward_of="torch.pow (PowBackward0)",
+        recompute=Recompute("float32", True, 1.6e9),
+    )  # fmt: skip
+    assert "nondifferentiable-point" not in ids(c)
+    singular = replace(c, evidence=replace(c.evidence, recompute=Recompute("float32", False, None)))
+    assert ids(singular)[0] == "nondifferentiable-point", "infinite in float32 too: singular"
+
+
 def test_fully_masked_softmax():
     c = case("aten._softmax.default", inputs=[stats(neginf=16)])
     assert ids(c)[0] == "fully-masked-softmax"
