@@ -44,6 +44,22 @@ def test_log_of_something_else_is_left_alone():
     assert patch.hits == 0
 
 
+def test_a_softmax_inside_a_library_is_not_rewritten(tmp_path, monkeypatch):
+    """transformers' attention makes the probabilities, the user's loss takes their log:
+    the user holds no logits to pass to log_softmax, so that is no fix to verify (the
+    guard of the user's log is)."""
+    library = tmp_path / "site-packages" / "attention_lib.py"
+    library.parent.mkdir()
+    library.write_text("import torch\ndef attend(x):\n    return torch.softmax(x, -1)\n")
+    monkeypatch.syspath_prepend(str(library.parent))
+    from attention_lib import attend
+
+    x = torch.tensor([[0.0, 200.0]])
+    with LogSoftmaxPatch() as patch:
+        y = torch.log(attend(x))  # nandoctor: ignore[log-of-softmax]
+    assert patch.hits == 0 and y[0, 0] == float("-inf")
+
+
 def test_a_fully_masked_row_stays_finite_with_a_finite_minimum():
     scores = torch.randn(2, 3)
     mask = torch.tensor([[True, True, True], [False, True, False]])

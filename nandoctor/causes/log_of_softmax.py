@@ -75,7 +75,9 @@ _FIXES = {
     "softmax": (
         "Use `F.cross_entropy(logits, target)`, or `F.log_softmax(logits, dim=-1)` where you "
         "need the log-probabilities: they never take the log of a probability that "
-        "underflowed to 0."
+        "underflowed to 0. Holding only the probabilities (a library's attention weights), "
+        "take their log safely: `torch.xlogy(p, p)` for p * log(p) (0 where p is 0), or "
+        "`p.clamp_min(torch.finfo(p.dtype).tiny).log()`."
     ),
     "sigmoid": (
         "Use `F.binary_cross_entropy_with_logits(z, target)`, or `F.logsigmoid(z)` (and "

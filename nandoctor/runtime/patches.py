@@ -105,7 +105,10 @@ class LogSoftmaxPatch(MathPatch):
             self.hits += 1
             return F.log_softmax(x, dim=dim)
         out = func(*args, **kwargs)
-        if func in _SOFTMAX and isinstance(out, torch.Tensor):
+        # NB: only a softmax the user wrote: one inside a library (transformers' attention,
+        # whose probabilities the user's loss takes the log of) has no logits the user
+        # could pass to log_softmax; the guard of the log is then the fix to replay
+        if func in _SOFTMAX and isinstance(out, torch.Tensor) and _called_by_user(sys._getframe()):
             dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
             self._softmax_of[out] = (args[0], dim)
         return out
@@ -256,6 +259,20 @@ def _user_line(frame: FrameType | None) -> tuple[str, int] | None:
     return None
 
 
+def _called_by_user(frame: FrameType | None) -> bool:
+    """The call was written in the user's code, not inside a library the user's code
+    calls (torch's own frames and nandoctor's patches passed over)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if is_user_file(filename):
+            return True
+        path = _absolute(filename)
+        if path not in _OWN_FILES and not path.startswith(_TORCH_DIR):
+            return False
+        frame = frame.f_back
+    return False
+
+
 def _through(frame: FrameType | None, shown: str, line: int) -> bool:
     """Was the call made from library file `shown` (as the report shows it) at `line`,
     on its way from the user's code?"""
@@ -282,6 +299,7 @@ def _absolute(filename: str) -> str:
 
 
 _OWN_FILES = frozenset({_absolute(__file__), _absolute(safe_ops.__file__)})
+_TORCH_DIR = os.path.dirname(_absolute(torch.__file__)) + os.sep
 _NAMES: dict[Any, str] = {}
 
 
