@@ -93,6 +93,13 @@ def test_log_of_a_zero_no_softmax_made():
     assert ids(c)[0] == "log-of-zero"
 
 
+def test_a_reciprocal_square_root_of_zero_gets_a_fix_for_it_not_for_a_log():
+    c = case("aten.rsqrt.default", "forward", "inf", [stats(zeros=4)], [producer("aten.mean.dim")])
+    assert ids(c)[0] == "log-of-zero"
+    fix = next(x for x in rank(c) if x.id == "log-of-zero").fix
+    assert "torch.rsqrt(v + eps)" in fix and "logsigmoid" not in fix
+
+
 def test_log_without_zeros_is_neither():
     c = case(
         "aten.log.default",
@@ -368,6 +375,15 @@ def test_a_checkpoint_raises_confidence_in_bad_parameters():
     facts = replace(FACTS, checkpoint="ckpt.pt", start_step=10)
     top = rank(case(None, "parameters", facts=facts))[0]
     assert top.confidence == 0.99 and "ckpt.pt" in top.evidence[1]
+
+
+def test_weights_bad_from_the_first_step_without_a_checkpoint_point_at_the_builder():
+    # NB: `case` fails at step 10: the run's first step when it started there
+    built = rank(case(None, "parameters", facts=replace(FACTS, start_step=10)))[0]
+    assert built.id == "nonfinite-parameters" and "no checkpoint was loaded" in built.evidence[1]
+    assert built.fix.startswith("Find where building the model made them")
+    later = rank(case(None, "parameters", facts=replace(FACTS, start_step=3)))[0]
+    assert later.fix.startswith("Resume from the last checkpoint"), "weights an update broke"
 
 
 # -- the learning rate in effect, and how long the loss rose ----------------------------

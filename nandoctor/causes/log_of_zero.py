@@ -50,7 +50,17 @@ def log_of_zero(case: Case) -> Hit | None:
         f"{case.first.op}{where(case)} met {plural(case.zeros_in_inputs, 'exact zero')}{origin}: "
         f"the result is {case.first.value}"
     )
-    return Hit(0.85, [sentence])
+    fix = _RECIPROCAL_FIX if case.op in ("reciprocal", "rsqrt") else None
+    return Hit(0.85, [sentence], fix=fix)
+
+
+# NB: a reciprocal or rsqrt of 0 (an RMSNorm's rsqrt(mean(x^2) + eps)) is no log: the
+# catalog's log-space advice does not apply to it
+_RECIPROCAL_FIX = (
+    "Keep the argument off 0: add an epsilon the dtype holds (`torch.rsqrt(v + eps)` with "
+    "eps at least `torch.finfo(v.dtype).tiny`; 1e-12 is 0 in float16) or clamp it with "
+    "`clamp_min(torch.finfo(v.dtype).tiny)`: the result then stays finite."
+)
 
 
 CAUSE = CauseUnit(INFO, rule=log_of_zero, fixes=(GUARD_ORIGIN,))

@@ -62,7 +62,17 @@ def nonfinite_parameters(case: Case) -> Hit | None:
     evidence = [f"{tensor} held {values(f.count_nonfinite, f.value)} before step {f.step} began"]
     if case.facts.checkpoint and f.step == case.facts.start_step:
         evidence.append(f"the weights were loaded from the checkpoint {case.facts.checkpoint}")
+    elif f.step == case.facts.start_step:  # NB: no checkpoint to resume from: the builder's
+        evidence.append("no checkpoint was loaded: the model was built with them")
+        return Hit(0.95, evidence, fix=_BUILT_FIX)
     return Hit(0.99 if len(evidence) > 1 else 0.95, evidence)
+
+
+_BUILT_FIX = (
+    "Find where building the model made them: an initialisation that divides by zero or "
+    "takes the log of 0, a weight set by hand, pretrained weights loaded with NaN in them; "
+    "check `torch.isfinite(p).all()` for every parameter right after building the model."
+)
 
 
 def _loaded_state(case: Case) -> bool:
