@@ -117,6 +117,9 @@ def test_skipping_batches_is_no_verified_fix_when_it_skips_most_of_them(project,
     skip = next(c for c in report.causes if c.id == "nonfinite-input")
     assert skip.verified is not True
     assert "skipped more batches than it trained on" in skip.verification
+    # the loss was finite: the NaN labels reached only the gradients, through the where
+    assert "the loss of step 0 was finite" in skip.evidence[1]
+    assert skip.fix.startswith("Mask missing values by indexing")
 
 
 @pytest.mark.parametrize("accum", [1, 2])  # 2: batch 3 is step 1's second micro-batch

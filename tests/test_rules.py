@@ -371,6 +371,14 @@ def test_phase_causes(phase, expected):
     assert ids(c)[0] == expected
 
 
+def test_a_bad_batch_that_left_the_loss_finite_was_masked_by_a_where():
+    masked = rank(replace(case(None, "input"), failing_loss=0.7))[0]
+    assert masked.id == "nonfinite-input" and "the loss of step 10 was finite" in masked.evidence[1]
+    assert "torch.where" in masked.fix
+    plain = rank(replace(case(None, "input"), failing_loss=float("nan")))[0]
+    assert len(plain.evidence) == 1 and plain.fix.startswith("Find and repair the bad samples")
+
+
 def test_a_checkpoint_raises_confidence_in_bad_parameters():
     facts = replace(FACTS, checkpoint="ckpt.pt", start_step=10)
     top = rank(case(None, "parameters", facts=facts))[0]

@@ -81,6 +81,8 @@ class Case:
     reference_loss: float | None = None
     # the non-finite values the replay saw heal before the failure (report.transients)
     transients: tuple[Transient, ...] = ()
+    # the run's loss at the failing step, as the run recorded it (None: not recorded)
+    failing_loss: float | None = None
 
     @property
     def op(self) -> str:

@@ -28,7 +28,9 @@ def case_of(result: RunResult, located: Localization | None, facts: RunFacts) ->
     trends = trends_of(result.telemetry, result.events)
     reference = reference_loss(_losses_before(result, first.step))
     healed = tuple(located.transients) if located is not None else ()
-    return Case(first, evidence, trends, facts, reference, healed)
+    t = result.telemetry
+    loss = next((v for s, v in zip(t.step, t.loss, strict=False) if s == first.step), None)
+    return Case(first, evidence, trends, facts, reference, healed, loss)
 
 
 def _losses_before(result: RunResult, step: int) -> list[float]:
