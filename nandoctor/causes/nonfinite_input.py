@@ -23,9 +23,9 @@ INFO = entry(
     of 0 in feature engineering, missing values read as NaN from CSV or Parquet, a corrupt
     image. The model did nothing wrong; the fix belongs in the data. (Labels missing on
     purpose, stored as NaN and masked in the loss by indexing, are not this: their values
-    never reach the loss, so the run is healthy. Masked with `torch.where`, they reach the
-    gradients all the same, the loss finite: the backward multiplies the masked branch's
-    gradient, 0, by them; a report says so, and the fix is to index them away. Nor is an additive attention mask of 0 and -inf
+    never reach the loss, so the run is healthy; masked with `torch.where`, they reach the
+    gradients all the same, the loss finite, as the backward multiplies the masked branch's
+    gradient, 0, by them: index them away. Nor is an additive attention mask of 0 and -inf
     carried in the batch: its -inf are deliberate, and a row it masks entirely is
     fully-masked-softmax. A tensor of 0 and -inf that a layer multiplies, as `log` of a
     0/1 feature, is data again: this cause.)
