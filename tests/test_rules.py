@@ -86,6 +86,16 @@ def test_the_log_of_softmax_fix_names_the_probability_that_underflowed():
     assert "sigmoid" not in fix("aten._softmax.default")
     assert "F.binary_cross_entropy_with_logits" in fix("aten.sigmoid.default")
     assert "cross_entropy(logits" not in fix("aten.sigmoid.default")
+    assert "xlogy" not in fix("aten._softmax.default")
+
+
+def test_probabilities_the_model_returned_get_a_fix_that_needs_no_logits():
+    """An entropy term over attention weights: the softmax ran in the model's attention,
+    the log in the loss; the user holds no logits for log_softmax."""
+    made = Producer("aten._softmax.default", "h.0.attn", "m.py:2", "forward", 1, "self", [])
+    c = case("aten.log.default", "loss", "-inf", [stats(zeros=2)], [made])
+    c = replace(c, first=replace(c.first, module=None))
+    assert "torch.xlogy(p, p)" in rank(c)[0].fix
 
 
 def test_log_of_a_zero_no_softmax_made():

@@ -67,17 +67,24 @@ def _hit(case: Case, producer: Producer | None, zeros: int, what: str | None) ->
     evidence = [f"{what} received {plural(zeros, 'exact zero')} produced by {producer.op}{at}"]
     if case.first.dtype == "float16":
         evidence.append("in float16 a probability below ~6e-8 rounds to exactly 0; log(0) = -inf")
-    return Hit(0.93, evidence, fix=_FIXES[op_base(producer.op)])
+    fix = _FIXES[op_base(producer.op)]
+    if producer.module and not case.first.module:  # NB: probabilities out of the model
+        fix += _PROBABILITIES_ONLY
+    return Hit(0.93, evidence, fix=fix)
 
 
+# NB: the model made the probabilities (attention weights a loss term reads): no logits
+_PROBABILITIES_ONLY = (
+    " Holding only the probabilities the model returns (attention weights), take their "
+    "log safely: `torch.xlogy(p, p)` for p * log(p) (0 where p is 0), or "
+    "`p.clamp_min(torch.finfo(p.dtype).tiny).log()`."
+)
 # NB: this run's fix names the probability that underflowed (the catalog's names both)
 _FIXES = {
     "softmax": (
         "Use `F.cross_entropy(logits, target)`, or `F.log_softmax(logits, dim=-1)` where you "
         "need the log-probabilities: they never take the log of a probability that "
-        "underflowed to 0. Holding only the probabilities (a library's attention weights), "
-        "take their log safely: `torch.xlogy(p, p)` for p * log(p) (0 where p is 0), or "
-        "`p.clamp_min(torch.finfo(p.dtype).tiny).log()`."
+        "underflowed to 0."
     ),
     "sigmoid": (
         "Use `F.binary_cross_entropy_with_logits(z, target)`, or `F.logsigmoid(z)` (and "
