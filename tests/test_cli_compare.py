@@ -64,3 +64,49 @@ def test_a_comparison_with_nothing_to_compare_against_is_a_usage_error(project, 
     result = runner.invoke(app, ["compare", str(project(base_config())), *dtypes])
     assert result.exit_code == 2, result.output
     assert "compare: nothing to compare the config's float32 with" in result.output
+
+
+ENDING_LOSS = """
+import sys
+import torch.nn.functional as F
+from train import build_model, build_data
+
+CALLS = []
+
+
+def ends_at_step_two(model, batch, how="exit"):
+    CALLS.append(1)
+    if len(CALLS) == 3:
+        if how == "exit":
+            sys.exit(0)
+        raise RuntimeError("the user's loss broke")
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+def raises_at_step_two(model, batch):
+    return ends_at_step_two(model, batch, how="raise")
+"""
+
+
+@pytest.mark.parametrize("loss", ["ends_at_step_two", "raises_at_step_two"])
+def test_a_run_the_users_code_ends_writes_the_comparison_so_far_and_exits_3(
+    project, tmp_path, monkeypatch, loss
+):
+    """A CI job's `if: always()` step reads the reports: sys.exit or an exception in the
+    config's run wrote none (exit 3)."""
+    path = project(base_config(steps=4, loss=f"ending.py:{loss}"))
+    (tmp_path / "ending.py").write_text(ENDING_LOSS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out, junit = tmp_path / "c.json", tmp_path / "c.xml"
+    args = ["compare", str(path), "--dtype", "bf16", "--json", str(out), "--junit", str(junit)]
+    result = runner.invoke(app, [*args, "-q"])
+    assert result.exit_code == 3, result.output
+    comparison = json.loads(out.read_text())
+    (run,) = comparison["runs"]  # NB: the other dtypes were not run
+    assert (run["dtype"], run["status"], run["steps_completed"]) == ("float32", "error", 2)
+    assert comparison["verdict"].startswith("the float32 run: loss (step 2) ")
+    assert comparison["verdict"].endswith("; no verdict")
+    assert "<error" in junit.read_text()
+    if loss == "ends_at_step_two":  # NB: the other prints your frames and the error instead
+        assert result.stdout.splitlines()[0].endswith(": ERROR")

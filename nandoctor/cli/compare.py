@@ -13,7 +13,7 @@ from nandoctor.cli.app import app, cli_console, handles_errors
 from nandoctor.cli.diagnose import launch_ranks
 from nandoctor.cli.outcome import Outcome, of_comparison
 from nandoctor.cli.output import write_bytes, write_text
-from nandoctor.errors import UsageError
+from nandoctor.errors import UsageError, UserCodeError
 
 if TYPE_CHECKING:
     from nandoctor.render.terminal import StepProgress
@@ -90,6 +90,10 @@ def compare(
         comparison = engine.compare(
             loaded, dtypes, on_run=on_run, on_step=lambda v: progress[-1].update(v)
         )
+    except UserCodeError as e:  # NB: raised in a run: the comparison so far first (exit 3)
+        if e.report is not None:
+            write_outputs(e.report, outputs, seconds=time.perf_counter() - started)
+        raise
     finally:
         if progress:
             progress[-1].__exit__(None, None, None)

@@ -115,8 +115,11 @@ def _ranks_code(codes: dict[int, int]) -> int:
 
 def of_comparison(comparison: Comparison) -> Outcome:
     """`compare`: 1 unless every dtype's run stayed healthy; 130 when a run was
-    interrupted (its partial comparison is still written)."""
+    interrupted, 3 when the user's code ended one (the comparison so far is still
+    written either way)."""
     interrupted = any(r.status == "interrupted" for r in comparison.runs)
+    if any(r.status == "error" for r in comparison.runs):  # the user's code ended a run
+        return Outcome(passthrough=int(ExitCode.USER_CODE))
     return Outcome(found=not comparison.healthy, interrupted=interrupted)
 
 

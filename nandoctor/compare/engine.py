@@ -43,12 +43,15 @@ def compare(
     for name in names:  # refuse an unsupported dtype before any run starts
         check_dtype_supported(device, torch_dtype(name))
     runs: list[CompareRun] = []
+    ended: RunResult | None = None  # a run the user's code ended (sys.exit, an exception)
     for i, name in enumerate(names):
         if any(r.dtype == name for r in runs):  # the config's own run computed in it
             continue
-        run, interrupted = _one_run(loaded if i == 0 else _in_dtype(loaded, name), on_run, on_step)
+        run, result = _one_run(loaded if i == 0 else _in_dtype(loaded, name), on_run, on_step)
         runs.append(run)
-        if interrupted:
+        if result.status == "error":
+            ended = result
+        if result.status in ("interrupted", "error"):
             break
     distributed.leave()  # a data-parallel job (under torchrun): every rank is done
     reference = REFERENCE if any(r.dtype == REFERENCE for r in runs) else None
@@ -57,16 +60,23 @@ def compare(
     policy = loaded.config.precision.autocast_policy
     notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" and policy == "native" else []
     threads = torch.get_num_threads()
-    return Comparison(
+    verdict = compare_verdict(runs, runs[0].dtype, loaded.config.steps)
+    if ended is not None:
+        verdict = f"the {runs[-1].dtype} run: {ended.ended_by}; no verdict"
+    comparison = Comparison(
         config=str(loaded.path),
         environment=CompareEnvironment(str(device), torch.__version__, threads, policy),
         runs=runs,
-        verdict=compare_verdict(runs, runs[0].dtype, loaded.config.steps),
+        verdict=verdict,
         reference=reference,
         name=loaded.config.name,
         notes=notes,
         tool=Tool(version=__version__),
     )
+    if ended is not None and ended.raised is not None:  # NB: its comparison rides with it
+        ended.raised.report = comparison
+        raise ended.raised
+    return comparison
 
 
 def _dtypes_to_run(loaded: LoadedConfig, dtypes: list[str]) -> list[str]:
@@ -93,7 +103,7 @@ def _in_dtype(loaded: LoadedConfig, name: str) -> LoadedConfig:
     )
 
 
-def _one_run(loaded: LoadedConfig, on_run, on_step) -> tuple[CompareRun, bool]:
+def _one_run(loaded: LoadedConfig, on_run, on_step) -> tuple[CompareRun, RunResult]:
     session = build_session(loaded)
     name = str(session.compute_dtype).removeprefix("torch.")  # NB: FSDP may cast a float32 run
     if on_run is not None:
@@ -108,8 +118,9 @@ def _one_run(loaded: LoadedConfig, on_run, on_step) -> tuple[CompareRun, bool]:
         probe=headroom,
         store=snapshot_store(session),
         thorough=True,
+        user_exit_ends_run=True,  # NB: the comparison so far is still written (exit 3)
     )
-    return _summary(name, session, result, headroom), result.status == "interrupted"
+    return _summary(name, session, result, headroom), result
 
 
 def _summary(name: str, session: Session, result: RunResult, headroom: HeadroomProbe) -> CompareRun:

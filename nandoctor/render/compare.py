@@ -15,8 +15,7 @@ MARKERS = {"float16": "h", "bfloat16": "b", "float32": "f"}
 
 def render_comparison(console: Console, comparison: Comparison, quiet: bool = False) -> None:
     if quiet:
-        state = "HEALTHY" if comparison.healthy else "NONFINITE"
-        state = "INTERRUPTED" if comparison.interrupted else state
+        state = comparison.status.upper()
         console.print(escape(f"nandoctor compare {comparison.config}: {state}"), soft_wrap=True)
         console.print(escape(f"  {comparison.verdict}"), soft_wrap=True)
         return

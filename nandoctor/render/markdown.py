@@ -28,7 +28,7 @@ _REPRODUCED: dict[bool | None, str] = {True: "yes", False: "no: nondeterministic
 
 
 def render_comparison_markdown(comparison: Comparison) -> str:
-    icon = ICONS["healthy" if comparison.healthy else "nonfinite"]
+    icon = ICONS.get(comparison.status, "⚠️")
     lines = [f"## {icon} nandoctor compare: `{comparison.config}`", "", comparison.verdict, ""]
     lines.append("| | " + " | ".join(r.dtype for r in comparison.runs) + " |")
     lines.append("|---|" + "---|" * len(comparison.runs))

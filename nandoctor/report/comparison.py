@@ -69,6 +69,15 @@ class Comparison:
     def interrupted(self) -> bool:
         return any(r.status == "interrupted" for r in self.runs)
 
+    @property
+    def status(self) -> str:
+        """The comparison's, as a report's: error (the user's code ended a run),
+        interrupted, healthy (every run), else nonfinite."""
+        for worst in ("error", "interrupted"):
+            if any(r.status == worst for r in self.runs):
+                return worst
+        return "healthy" if self.healthy else "nonfinite"
+
     def run(self, dtype: str) -> CompareRun | None:
         return next((r for r in self.runs if r.dtype == dtype), None)
 
