@@ -117,10 +117,10 @@ def of_comparison(comparison: Comparison) -> Outcome:
     """`compare`: 1 unless every dtype's run stayed healthy; 130 when a run was
     interrupted, 3 when the user's code ended one (the comparison so far is still
     written either way)."""
-    interrupted = any(r.status == "interrupted" for r in comparison.runs)
-    if any(r.status == "error" for r in comparison.runs):  # the user's code ended a run
+    status = comparison.status
+    if status == "error":  # the user's code ended a run
         return Outcome(passthrough=int(ExitCode.USER_CODE))
-    return Outcome(found=not comparison.healthy, interrupted=interrupted)
+    return Outcome(found=not comparison.healthy, interrupted=status == "interrupted")
 
 
 __all__ = [

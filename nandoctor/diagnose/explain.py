@@ -28,15 +28,19 @@ def case_of(result: RunResult, located: Localization | None, facts: RunFacts) ->
     trends = trends_of(result.telemetry, result.events)
     reference = reference_loss(_losses_before(result, first.step))
     healed = tuple(located.transients) if located is not None else ()
-    t = result.telemetry
-    loss = next((v for s, v in zip(t.step, t.loss, strict=False) if s == first.step), None)
-    return Case(first, evidence, trends, facts, reference, healed, loss)
+    return Case(first, evidence, trends, facts, reference, healed, _loss_at(result, first.step))
 
 
 def _losses_before(result: RunResult, step: int) -> list[float]:
     """The original run's losses at the steps before the failing one."""
     t = result.telemetry
     return [loss for s, loss in zip(t.step, t.loss, strict=False) if s < step]
+
+
+def _loss_at(result: RunResult, step: int) -> float | None:
+    """The original run's loss at `step` (None: not recorded)."""
+    t = result.telemetry
+    return next((loss for s, loss in zip(t.step, t.loss, strict=False) if s == step), None)
 
 
 def causes_of(
