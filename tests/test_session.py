@@ -8,7 +8,7 @@ import torch
 from nandoctor.errors import ConfigError, UserCodeError
 from nandoctor.setup.load import load_config
 from nandoctor.setup.session import build_session, default_loss
-from tests.conftest import base_config
+from tests.conftest import TRAIN_PY, base_config
 
 
 def session_of(project, **overrides):
@@ -42,6 +42,36 @@ def test_builds_everything_the_config_names(project):
     assert isinstance(s.scheduler, torch.optim.lr_scheduler.StepLR)
     assert s.scaler is None  # float32
     assert s.device == torch.device("cpu") and s.dtype == torch.float32
+
+
+HALF_MODEL_PY = (
+    TRAIN_PY
+    + """
+
+def build_half_model():
+    return build_model().half()
+
+
+def build_half_data():
+    return [(x.half(), y) for x, y in build_data()]
+"""
+)
+
+
+def test_without_autocast_the_run_computes_in_its_weights_dtype(project):
+    """A builder that returns a `.half()` model computes in float16 whatever the config's
+    dtype says: the report's dtype (and the headroom's range) is the weights'."""
+    config = base_config(model="train.py:build_half_model", data="train.py:build_half_data")
+    s = build_session(load_config(project(config, code=HALF_MODEL_PY)))
+    assert s.dtype == torch.float32  # no autocast
+    assert s.compute_dtype == torch.float16
+    assert session_of(project).compute_dtype == torch.float32
+
+
+def test_with_autocast_the_run_computes_in_autocasts_dtype(project):
+    config = base_config(model="train.py:build_half_model", precision={"dtype": "bfloat16"})
+    s = build_session(load_config(project(config, code=HALF_MODEL_PY)))
+    assert s.compute_dtype == torch.bfloat16
 
 
 def test_float16_gets_a_grad_scaler_with_the_init_scale(project):

@@ -81,13 +81,17 @@ class Session:
     def compute_dtype(self) -> torch.dtype:
         """The dtype forward and backward compute in: autocast's, or, where a float32 run
         shards with FSDP's MixedPrecisionPolicy, its `param_dtype` (the common way to train
-        FSDP in bfloat16: no autocast at all). The report's `dtype`, and the float16 range
-        the headroom measures against, are this one's."""
+        FSDP in bfloat16: no autocast at all), or, without autocast, the weights' own (a
+        model the builder made `.half()` computes in float16 whatever the config's dtype).
+        The report's `dtype`, and the float16 range the headroom measures against, are
+        this one's."""
+        if self.dtype != torch.float32:
+            return self.dtype
         mixed = self.config.distributed.mixed_precision
         sharded = self.ranks is not None and self.config.distributed.strategy == "fsdp"
-        if sharded and self.dtype == torch.float32 and mixed is not None and mixed.param_dtype:
+        if sharded and mixed is not None and mixed.param_dtype:
             return torch_dtype(mixed.param_dtype)
-        return self.dtype
+        return _weights_dtype(self.params) or self.dtype
 
     @property
     def clip_grad_norm(self) -> float | None:
@@ -124,6 +128,15 @@ class Session:
 
 
 _NO_AUTOCAST = contextlib.nullcontext()
+
+
+def _weights_dtype(params: list[torch.nn.Parameter]) -> torch.dtype | None:
+    """The floating dtype most of the weights hold (by elements), if any weights float."""
+    counts: dict[torch.dtype, int] = {}
+    for p in params:
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + p.numel()
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def build_session(loaded: LoadedConfig) -> Session:
