@@ -514,3 +514,28 @@ def test_the_micro_batch_a_nan_came_in_is_named_under_gradient_accumulation(tmp_
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"], first["tensor"]) == (3, "input", "input:0")
     assert first["micro_batch"] == 1
+
+
+WARMUP_NAN = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
+for i in range(8):
+    x = torch.randn(16, 4)
+    if i == 6:
+        x[0, 0] = float("nan")
+    opt.zero_grad(); model(x).pow(2).mean().backward(); opt.step(); sched.step()
+"""
+
+
+def test_a_run_whose_scheduler_raised_the_rate_is_reported(tmp_path):
+    """The facts a watched process sends back hold the rate's largest jump (a warmup's):
+    it came back as a plain dict, and every failing run with a warmup crashed the report
+    ("internal error: 'dict' object has no attribute 'factor'")."""
+    (tmp_path / "train.py").write_text(WARMUP_NAN)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (6, "input")
+    assert report["causes"][0]["id"] == "nonfinite-input"

@@ -68,9 +68,9 @@ def _run(data: dict[str, Any]) -> ChildRun:
         events=[Event(**e) for e in data["events"]],
         seconds=data["seconds"],
     )
-    return ChildRun(
-        data["pid"], result, Environment(**data["environment"]), RunFacts(**data["facts"])
-    )
+    # NB: validated, not splatted: the facts nest dataclasses (a scheduler's `LrJump`)
+    facts = TypeAdapter(RunFacts).validate_python(data["facts"])
+    return ChildRun(data["pid"], result, Environment(**data["environment"]), facts)
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:
