@@ -307,6 +307,36 @@ def test_an_autocast_the_loop_enters_is_the_runs_dtype_at_the_models_call():
     assert run.dtype == torch.bfloat16 and not run.dtype_from_weights
 
 
+def test_a_clip_in_two_calls_is_seen():
+    """`get_total_norm` then `clip_grads_with_norm_`, torch's split form: accelerate's
+    `clip_grad_norm_` (so the transformers Trainer's clip) imports it per call, and the
+    report said "no gradient clipping is configured" of loops that clipped so."""
+    run = HookedRun()
+    net = Net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with StepHooks(run, Probe()):
+        net(torch.randn(4, 6)).sum().backward()
+        from torch.nn.utils import clip_grads_with_norm_, get_total_norm  # NB: as accelerate
+
+        grads = [p.grad for p in net.parameters()]
+        clip_grads_with_norm_(net.parameters(), 1.5, get_total_norm(grads))
+        optimizer.step()
+    assert run.clip_grad_norm == 1.5
+
+
+def test_accelerates_clip_is_seen():
+    accelerate = pytest.importorskip("accelerate")
+    run = HookedRun()
+    accelerator = accelerate.Accelerator(cpu=True)
+    net = Net()
+    net, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    with StepHooks(run, Probe()):
+        accelerator.backward(net(torch.randn(4, 6)).sum())
+        accelerator.clip_grad_norm_(net.parameters(), 0.5)
+        optimizer.step()
+    assert run.clip_grad_norm == 0.5
+
+
 def test_a_clip_imported_by_name_before_the_hooks_is_seen():
     """`from torch.nn.utils import clip_grad_norm_` at a script's top binds the function
     before any hook is attached: the clip is still the run's (exploding-gradients told

@@ -10,6 +10,8 @@ clipped to N". This module wraps exactly those callables:
     torch.nn.utils.clip_grad_norm_         (both names users import it under, and the
                                            scaling it calls: a name imported before the
                                            patch still reaches that)
+    torch.nn.utils.clip_grads_with_norm_   (that scaling's public name, after
+                                           `get_total_norm`: accelerate clips so)
 
 The wrappers are installed when the first listener registers and removed when the last
 one leaves, so nested guards (a `Guard` inside a watched script) compose in any order.
@@ -74,6 +76,10 @@ def _install() -> None:
         # `from torch.nn.utils import clip_grad_norm_` binds the function before any patch,
         # but it scales the gradients through this module-level name, looked up per call
         _patch(clip_grad, "_clip_grads_with_norm_", _wrap_clip)
+    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
+        # the same function's public name: `get_total_norm` then `clip_grads_with_norm_`,
+        # the split form accelerate's `clip_grad_norm_` (and the Trainer's clip) imports
+        _patch(torch.nn.utils, "clip_grads_with_norm_", _wrap_clip)
 
 
 def _uninstall() -> None:
