@@ -324,6 +324,18 @@ def test_a_clip_in_two_calls_is_seen():
     assert run.clip_grad_norm == 1.5
 
 
+def test_a_norm_measured_with_an_infinite_max_norm_is_no_clipping():
+    """`clip_grad_norm_(params, inf)` is how loops (and the Trainer) measure the norm."""
+    run = HookedRun()
+    net = Net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with StepHooks(run, Probe()):
+        net(torch.randn(4, 6)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), float("inf"))
+        optimizer.step()
+    assert run.clip_grad_norm is None
+
+
 def test_accelerates_clip_is_seen():
     accelerate = pytest.importorskip("accelerate")
     run = HookedRun()

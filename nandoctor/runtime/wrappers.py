@@ -21,6 +21,7 @@ A wrapper with no listener left behaves exactly like the original.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -146,7 +147,9 @@ def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
         # NB: float() of a tensor max_norm would be a host sync: only plain numbers are kept
-        _each("clipped", float(max_norm) if isinstance(max_norm, (int, float)) else None)
+        number = float(max_norm) if isinstance(max_norm, (int, float)) else None
+        if number != math.inf:  # NB: an infinite max_norm measures the norm, clips nothing
+            _each("clipped", number)
         return original(parameters, max_norm, *args, **kwargs)
 
     return clip_grad_norm_
