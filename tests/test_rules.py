@@ -222,17 +222,31 @@ def test_exploding_gradients_from_the_trend():
     assert "grew 80x" in top.evidence[0] and "no gradient clipping is configured" in top.evidence
 
 
-def test_clipping_makes_exploding_gradients_less_likely():
+def clipped_at(max_norm: float, op="aten.log.default", phase="forward", value="nan", **kw):
     trends = replace(CALM, grad_early=0.5, grad_late=40.0)
-    plain = rank(case("aten.log.default", trends=trends))
-    clipped = rank(
-        case("aten.log.default", trends=trends, facts=replace(FACTS, clip_grad_norm=1.0))
-    )
-    conf = {c.id: c.confidence for c in plain}
-    assert (
-        next(c for c in clipped if c.id == "exploding-gradients").confidence
-        < conf["exploding-gradients"]
-    )
+    facts = replace(FACTS, clip_grad_norm=max_norm)
+    causes = rank(case(op, phase, value, trends=trends, facts=facts, **kw))
+    return next((c for c in causes if c.id == "exploding-gradients"), None)
+
+
+def test_a_loop_that_clips_as_the_fix_would_is_not_told_to_clip():
+    """Its updates were bounded: grown gradients alone did not break it (a Guard'ed loop
+    with unscale_ and clip_grad_norm_(1.0) was told to do just that, its only cause)."""
+    assert clipped_at(1.0) is None and clipped_at(0.5) is None
+
+
+def test_a_looser_clip_is_told_to_clip_tighter_and_less_likely():
+    plain = next(c for c in rank(case("aten.log.default", trends=replace(
+        CALM, grad_early=0.5, grad_late=40.0))) if c.id == "exploding-gradients")  # fmt: skip
+    loose = clipped_at(5.0)
+    assert loose is not None and loose.confidence < plain.confidence
+    assert "the loop clips the gradient norm at 5" in loose.evidence
+    assert loose.fix.startswith("Clip tighter") and "1.0)` rather than 5" in loose.fix
+
+
+def test_gradients_that_overflowed_in_the_backward_of_a_clipped_loop_get_no_clip_fix():
+    hit = clipped_at(1.0, "aten.mul.Tensor", "backward", "inf", inputs=[stats(absmax=60000.0)])
+    assert hit is not None and "acts after the backward" in hit.fix
 
 
 def test_an_inf_gradient_made_by_dividing_by_zero_is_no_overflow():

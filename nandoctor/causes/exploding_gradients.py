@@ -13,6 +13,7 @@ from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
 from nandoctor.causes.words import OVERFLOWED, num, where
 
 ID = "exploding-gradients"
+CLIP_FIX = 1.0  # the max_norm the fix clips to (`Change.CLIP_GRAD_NORM`)
 
 INFO = entry(
     ID,
@@ -69,9 +70,31 @@ def exploding_gradients(case: Case) -> Hit | None:
         confidence = max(confidence, 0.45)
     if clip is None:
         evidence.append("no gradient clipping is configured")
-    else:
-        confidence *= 0.5
-    return Hit(confidence, evidence)
+        return Hit(confidence, evidence)
+    return _clipped(case, clip, confidence, evidence)
+
+
+def _clipped(case: Case, clip: float, confidence: float, evidence: list[str]) -> Hit | None:
+    """The loop clips already: each update was bounded, so grown gradients alone did not
+    break it, and the catalog's fix (clip at 1.0) would change nothing at 1.0 or below.
+    What is left: a looser clip to tighten, or gradients that overflowed inside the
+    backward, before any clip could act."""
+    overflowed = _gradient_overflow(case)
+    if clip <= CLIP_FIX and not overflowed:
+        return None
+    evidence.append(f"the loop clips the gradient norm at {clip:g}")
+    if overflowed:
+        fix = (
+            f"Clipping (at {clip:g}) acts after the backward and cannot stop gradients "
+            "overflowing inside it: keep them bounded at their source, with a lower or "
+            "warmed-up learning rate, or bfloat16 (float32's range) instead of float16."
+        )
+        return Hit(confidence * 0.5, evidence, fix=fix)
+    fix = (
+        f"Clip tighter: `torch.nn.utils.clip_grad_norm_(model.parameters(), {CLIP_FIX})` "
+        f"rather than {clip:g}, after `scaler.unscale_(opt)` when a GradScaler is used."
+    )
+    return Hit(confidence * 0.5, evidence, fix=fix)
 
 
 def _gradients_led(case: Case, evidence: list[str]) -> float:
