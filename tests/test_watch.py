@@ -118,6 +118,16 @@ def test_a_command_that_never_imports_torch_keeps_its_exit_code(tmp_path):
     assert any("not attached" in note for note in report["notes"])
 
 
+def test_a_script_that_raises_exits_3_not_1_which_means_non_finite(tmp_path):
+    """Python exits 1 on an uncaught exception, which read as "non-finite found" to a CI
+    gate; raised before torch was imported (no sentinel yet) as after."""
+    code, report = watch(tmp_path, PY, "-c", "raise ValueError('no such data folder')")
+    assert code == 3 and report["status"] == "error"
+    assert "it raised ValueError: no such data folder" in report["notes"][-1]
+    code, report = watch(tmp_path, PY, "-c", "import sys; sys.exit(1)")
+    assert code == 1 and report["status"] == "error"  # its own code, chosen: passed through
+
+
 def test_a_users_own_sitecustomize_still_runs(tmp_path, capfd, monkeypatch):
     theirs = tmp_path / "site"
     theirs.mkdir()
@@ -370,7 +380,11 @@ def test_a_step_the_script_raised_in_without_a_nan_is_not_a_step_run(tmp_path):
     last with a gradient norm of 0)."""
     (tmp_path / "train.py").write_text(RAISES_A_BUG)
     code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
-    assert code == 1 and report["status"] == "error"  # the script's own exit code
+    assert code == 3 and report["status"] == "error"  # the user's code raised
+    assert (
+        "the command exited with code 1: it raised RuntimeError: disk full while logging"
+        in (report["notes"])
+    )
     assert report["steps_completed"] == 3 and report["summary"] == "all 3 steps stayed finite"
     assert report["telemetry"]["step"] == [0, 1, 2]
     assert all(g > 0 for g in report["telemetry"]["grad_norm"])

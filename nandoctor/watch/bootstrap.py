@@ -8,6 +8,8 @@ hooks are in place before the script's first line that touches a model.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -15,17 +17,30 @@ from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from typing import Any
 
-from nandoctor.watch.protocol import Settings
+from nandoctor.watch.protocol import Settings, raised_marker
 
 
 def install() -> None:
     settings = Settings.from_env(os.environ)
     if settings is None:
         return
+    atexit.register(_note_a_raise, settings.dir, os.getpid())
     if "torch" in sys.modules:
         _attach(settings)
     else:
         sys.meta_path.insert(0, _AfterImport("torch", lambda: _attach(settings)))
+
+
+def _note_a_raise(folder: str, pid: int) -> None:
+    """The process is dying of an uncaught exception (Python keeps the one it printed in
+    `sys.last_value`): say so, so that `watch` exits 3, the user's code raised, and not
+    the 1 Python exits with, which reads as "non-finite found". A Ctrl-C is no raise."""
+    error = getattr(sys, "last_value", None)
+    if os.getpid() != pid or error is None or isinstance(error, KeyboardInterrupt):
+        return  # NB: a forked child inherits the handler, not the exception
+    text = f"{type(error).__name__}: {error}".strip().splitlines()[0][:200]
+    with contextlib.suppress(OSError):
+        raised_marker(folder, pid).write_text(text, encoding="utf-8")
 
 
 def _attach(settings: Settings) -> None:

@@ -6,8 +6,9 @@ torch is imported.
                       "trace_step": null, "loss_scale": null}'
 
 Each watched process writes, into `dir`, `attached-<pid>` when it attaches (torch was
-imported), `run-<pid>.json` with what its sentinel saw, and on a replay run
-`trace-<pid>.json` with what the tracer found at `trace_step`.
+imported), `run-<pid>.json` with what its sentinel saw, `raised-<pid>` when it dies of
+an uncaught exception (torch imported or not), and on a replay run `trace-<pid>.json`
+with what the tracer found at `trace_step`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def attached_marker(folder: str, pid: int) -> Path:
 def stopped_marker(folder: str, pid: int) -> Path:
     """Written by a process the sentinel stopped: the command should end soon after."""
     return Path(folder) / f"stopped-{pid}"
+
+
+def raised_marker(folder: str, pid: int) -> Path:
+    """Written by a process that died of an uncaught exception: its type and message."""
+    return Path(folder) / f"raised-{pid}"
 
 
 def run_file(folder: str, pid: int) -> Path:

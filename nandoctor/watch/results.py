@@ -31,6 +31,13 @@ def attached(folder: str) -> bool:
     return any(Path(folder).glob("attached-*"))
 
 
+def raised(folder: str) -> str | None:
+    """The exception a process of the command died of, if one did: the first to die (a
+    rank's own, not the `ChildFailedError` its launcher then raises)."""
+    markers = sorted(Path(folder).glob("raised-*"), key=lambda p: p.stat().st_mtime_ns)
+    return markers[0].read_text(encoding="utf-8", errors="replace") if markers else None
+
+
 def load_runs(folder: str) -> list[ChildRun]:
     """Every process's run, the failing ones first (earliest bad step first)."""
     runs = [_run(json.loads(p.read_text())) for p in sorted(Path(folder).glob("run-*.json"))]

@@ -26,6 +26,7 @@ import torch
 from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.summary import REPLAY_INTERRUPTED
+from nandoctor.errors import ExitCode
 from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.record import RunResult
@@ -52,7 +53,9 @@ class Watched:
     code of the two (the command's own, unless a non-finite value was found)."""
 
     report: Report
-    command_code: int  # the command's exit code (128+N for signal N, 130 when interrupted)
+    # the command's exit code (128+N for signal N, 130 when interrupted), or 3 (the user's
+    # code raised) when it failed because one of its processes died of an exception
+    command_code: int
 
 
 def watched(
@@ -66,6 +69,7 @@ def watched(
     `code` (`process.run_command`), with its failure replayed. NB: the first run is the
     caller's, so that the command starts before this module (and torch) is imported."""
     runs, attached = results.load_runs(folder), results.attached(folder)
+    raised = results.raised(folder) if code not in (0, INTERRUPTED_CODE) else None
     first = runs[0] if runs else None
     failure = first.result.failure if first is not None else None
     located: Localization | None = None
@@ -78,8 +82,10 @@ def watched(
             located, notes = _maybe_replay(command, first.result, options, on_replay)
         except KeyboardInterrupt:  # NB: Ctrl-C (or SIGTERM) while the rerun ran
             interrupted = REPLAY_INTERRUPTED
-    report = _report(command, first, code, located, notes, attached, interrupted)
-    return Watched(report, INTERRUPTED_CODE if interrupted else code)
+    report = _report(command, first, code, located, notes, attached, interrupted, raised)
+    if interrupted:
+        return Watched(report, INTERRUPTED_CODE)
+    return Watched(report, int(ExitCode.USER_CODE) if raised is not None else code)
 
 
 def _maybe_replay(
@@ -141,10 +147,11 @@ def _report(
     notes: list[str],
     attached: bool,
     interrupted: str | None = None,
+    raised: str | None = None,
 ) -> Report:
     """The report of the first process that stepped (the failing one first), decided
     with the command's own exit code (see `assemble.status_of`); `interrupted`: what an
-    interrupt cut short (the replay)."""
+    interrupt cut short (the replay); `raised`: the exception the command died of."""
     if first is None:
         result = RunResult("healthy", 0, 0)
         notes = [*notes, _NOT_ATTACHED if not attached else "no optimizer step was seen"]
@@ -153,7 +160,8 @@ def _report(
     else:
         result, env, facts = first.result, first.environment, first.facts
     if code != 0 and result.failure is None and code != INTERRUPTED_CODE:
-        notes.append(f"the command exited with code {code}")
+        died = f": it raised {raised}" if raised is not None else ""
+        notes.append(f"the command exited with code {code}{died}")
     findings = Findings(
         "watch",
         shlex.join(command),
