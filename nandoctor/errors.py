@@ -29,6 +29,14 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # Ctrl-C or SIGTERM; a partial report is still written
 
 
+def kind_of(value: object) -> str:
+    """What a wrong value is, for a message: `None`, `an int`, `a str`, `an Accelerated...`."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 class NandoctorError(Exception):
     """An error the user can fix; its message is one line (plus an optional hint)."""
 

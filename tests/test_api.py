@@ -897,12 +897,12 @@ def test_guard_leaves_no_hook_or_patch_behind():
 
 
 WRONG_ARGUMENTS = {
-    "no optimizer": (lambda m, o: Guard(m, None), "Guard: optimizer is a NoneType, expected"),
+    "no optimizer": (lambda m, o: Guard(m, None), "Guard: optimizer is None, expected"),
     "swapped": (lambda m, o: Guard(o, m), "Guard: model is a SGD, expected a torch.nn.Module"),
     "a dtype for a scaler": (lambda m, o: Guard(m, o, "fp16"), "Guard: scaler is a str"),
     "a step that is no callable": (
         lambda m, o: Guard(m, o).step(5, torch.randn(2, 8)),
-        "guard.step: the step is a int, expected a callable",
+        "guard.step: the step is an int, expected a callable",
     ),
 }
 

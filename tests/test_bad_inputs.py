@@ -109,7 +109,7 @@ CASES = [
     ("missing file", BASE.replace("train.py:build_model", "nope.py:f"), 2, "model: 'nope.py:f': file not found"),
     ("missing module", BASE.replace("train.py:build_model", "nopkg_xyz.m:f"), 2, "no module named 'nopkg_xyz'"),
     ("missing attribute", BASE.replace("train.py:build_model", "train.py:nothing"), 2, "has no attribute 'nothing'"),
-    ("not callable", BASE.replace("train.py:build_model", "train.py:NOT_CALLABLE"), 2, "is a int, expected a callable"),
+    ("not callable", BASE.replace("train.py:build_model", "train.py:NOT_CALLABLE"), 2, "is an int, expected a callable"),
     ("model_args misspelt", BASE + "model_args: {featurs: 8}\n", 2, "model_args: train.py:build_model(features=8, classes=3) got an unexpected keyword argument 'featurs'"),
     ("data_args misspelt", BASE + "data_args: {batchez: 2}\n", 2, "data_args: train.py:build_data("),
     ("an argument named as ours", BASE + "model_args: {name: a, key: b}\n", 2, "unexpected keyword argument 'name'"),

@@ -53,7 +53,7 @@ def test_same_file_is_loaded_once(user_dir):
             "no_such_package_xyz.mod:build",
             "model: 'no_such_package_xyz.mod:build': no module named",
         ),
-        ("train.py:NOT_CALLABLE", "model: 'train.py:NOT_CALLABLE' is a int, expected a callable"),
+        ("train.py:NOT_CALLABLE", "model: 'train.py:NOT_CALLABLE' is an int, expected a callable"),
     ],
 )
 def test_bad_names_are_config_errors(user_dir, spec, expected):

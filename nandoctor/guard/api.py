@@ -33,7 +33,7 @@ from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
-from nandoctor.errors import ExitCode, NandoctorError, UsageError
+from nandoctor.errors import ExitCode, NandoctorError, UsageError, kind_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.render.markdown import render_markdown
 from nandoctor.report.types import Report
@@ -153,7 +153,7 @@ class Guard:
         the same arguments, if a step must be replayed: keep it free of side effects
         other than training (or make them harmless to repeat)."""
         if not callable(fn):
-            raise UsageError(f"guard.step: the step is a {type(fn).__name__}, expected a callable")
+            raise UsageError(f"guard.step: the step is {kind_of(fn)}, expected a callable")
         if self.report is not None:
             return fn(*args, **kwargs)  # the guard has spoken; it no longer watches
         self._leave_hooked_mode()
@@ -336,7 +336,7 @@ def _check_objects(model: Any, optimizer: Any, scaler: Any, name: str = "model")
     )
     for name, value, kind, expected in wanted:
         if not isinstance(value, kind):
-            raise UsageError(f"Guard: {name} is a {type(value).__name__}, expected {expected}")
+            raise UsageError(f"Guard: {name} is {kind_of(value)}, expected {expected}")
 
 
 __all__ = ["Guard", "NonFiniteError"]

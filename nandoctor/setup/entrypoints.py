@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from nandoctor.errors import ConfigError, UserCodeError
+from nandoctor.errors import ConfigError, UserCodeError, kind_of
 
 
 def add_python_path(base_dir: Path, folders: Iterable[str]) -> None:
@@ -54,7 +54,7 @@ def resolve(spec: str, key: str, base_dir: Path) -> Callable[..., Any]:
         obj = getattr(obj, part)
         where = f"{where}:{part}" if where == target else f"{where}.{part}"
     if not callable(obj):
-        raise ConfigError(f"{key}: '{spec}' is a {type(obj).__name__}, expected a callable")
+        raise ConfigError(f"{key}: '{spec}' is {kind_of(obj)}, expected a callable")
     return obj
 
 
