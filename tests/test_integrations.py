@@ -232,6 +232,9 @@ def assert_reads_well(report: Report) -> None:
     text = rendered(report)
     assert "None" not in text, text
     assert f"step {report.first_nonfinite.step}" in text
+    # NB: a Trainer's user has no step function for guard.step: `watch` is what localises
+    assert "nandoctor watch -- python train.py" in " ".join(report.notes)
+    assert "guard.step" not in " ".join(report.notes)
 
 
 def assert_no_scaler_lines(report: Report) -> None:

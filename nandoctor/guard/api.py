@@ -112,6 +112,9 @@ class Guard:
         modules: Sequence[torch.nn.Module] = (),
     ) -> None:
         _check_objects(model, optimizer, scaler)
+        # NB: what the report says when the `with` form could not replay; a framework's
+        # callback, with no step function to give, says what works there instead
+        self.hooked_note = HOOKED_NOTE
         for module in modules:
             _check_objects(module, optimizer, scaler, name="a module in modules")
         device = next(iter(model.parameters()), torch.empty(0)).device
@@ -293,7 +296,7 @@ class Guard:
         self._stop_watching()
         located = self._localize(verdict)
         result = self.result
-        notes = [] if located is not None else [HOOKED_NOTE]
+        notes = [] if located is not None else [self.hooked_note]
         self.report = assemble(
             Findings(
                 "guard",

@@ -21,7 +21,7 @@ from typing import Any
 
 from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.integrations import MissingExtraError
-from nandoctor.integrations.notice import Handoff
+from nandoctor.integrations.notice import CALLBACK_NOTE, Handoff
 from nandoctor.report.types import Report
 
 try:  # NB: the unified package first; its Callback is not the standalone package's
@@ -55,6 +55,7 @@ class NandoctorCallback(pl.Callback):
             name=type(pl_module).__name__,
             raise_error=False,  # NB: the callback raises, once the report is handed over
         )
+        self._guard.hooked_note = CALLBACK_NOTE
         for optimizer in trainer.optimizers[1:]:
             self._guard.run.note_optimizer(optimizer)
         self._guard.__enter__()

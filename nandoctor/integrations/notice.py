@@ -22,6 +22,15 @@ from nandoctor.report.types import Report
 NO_PATH = "the report is in callback.report (pass report_path= to write it to a file)"
 
 
+# The report's note: the callback follows the framework's loop through hooks (the `with`
+# form of Guard), which cannot replay a step, and has no step function to give guard.step
+CALLBACK_NOTE = (
+    "the callback watched the training through hooks and could not replay the step; run "
+    "the training under `nandoctor watch -- python train.py` (no callback needed) to have "
+    "the tensor, op and source line localised"
+)
+
+
 def deliver(report: Report, path: str | os.PathLike[str] | None) -> str:
     """Write `report` as JSON to `path` (when given); where it is, as the line says it."""
     if path is None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from nandoctor.guard import Guard
 from nandoctor.integrations import MissingExtraError
-from nandoctor.integrations.notice import Handoff
+from nandoctor.integrations.notice import CALLBACK_NOTE, Handoff
 from nandoctor.report.types import Report
 
 try:
@@ -53,6 +53,7 @@ class NandoctorCallback(TrainerCallback):
             name=type(model).__name__,
             raise_error=False,  # NB: the callback raises, once the report is handed over
         )
+        self._guard.hooked_note = CALLBACK_NOTE
         self._guard.__enter__()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
