@@ -142,6 +142,15 @@ def test_usage_errors_exit_2_with_one_line():
     assert runner.invoke(app, ["watch"]).exit_code == 2
     missing = runner.invoke(app, ["watch", "--", "no-such-command-for-nandoctor"])
     assert missing.exit_code == 2 and "cannot run 'no-such-command-for-nandoctor'" in missing.output
+    typo = runner.invoke(app, ["watch", "--jsn", "r.json", "--", PY, "train.py"])
+    assert typo.exit_code == 2 and "no such option: --jsn" in typo.output  # not run as a command
+
+
+def test_a_script_that_is_not_there_is_not_blamed_on_the_install(tmp_path):
+    code, report = watch(tmp_path, PY, str(tmp_path / "no_such_train.py"))
+    assert code == 2 and report["status"] == "error"  # Python's own code, passed through
+    assert "the command ended before any process of it imported torch" in report["notes"][0]
+    assert not any("installed" in note for note in report["notes"])
 
 
 def test_a_rerun_that_fails_elsewhere_keeps_the_first_verdict_and_says_why(tmp_path):

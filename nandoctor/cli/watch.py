@@ -55,6 +55,12 @@ def watch(
 
     if not command:
         raise UsageError("watch: no command given", hint="nandoctor watch -- python train.py")
+    if command[0].startswith("-"):  # NB: unknown options reach here as the command's
+        raise UsageError(
+            f"watch: no such option: {command[0]}",
+            hint="options go before --, the command after it: nandoctor watch --json r.json "
+            "-- python train.py",
+        )
     outputs = {"--json": json_path, "--markdown": markdown_path, "--junit": junit_path}
     options.check_outputs(outputs)
     files = {f"command's file {a}": Path(a) for a in command if Path(a).is_file()}

@@ -154,7 +154,7 @@ def _report(
     interrupt cut short (the replay); `raised`: the exception the command died of."""
     if first is None:
         result = RunResult("healthy", 0, 0)
-        notes = [*notes, _NOT_ATTACHED if not attached else "no optimizer step was seen"]
+        notes = [*notes, _not_attached(code) if not attached else "no optimizer step was seen"]
         env = Environment("unknown", torch.__version__, "unknown", False, 0)
         facts = None
     else:
@@ -176,7 +176,15 @@ def _report(
     return assemble(findings)
 
 
-_NOT_ATTACHED = (
-    "nandoctor was not attached: no process of the command imported torch with nandoctor "
-    "importable (is it a Python with nandoctor installed?)"
-)
+def _not_attached(code: int) -> str:
+    """Why no sentinel watched: a command that failed early (a missing script, a bad
+    argument) ended before torch; one that ran to its end may not be a Python that
+    has nandoctor installed."""
+    if code not in (0, INTERRUPTED_CODE):
+        return (
+            "nandoctor was not attached: the command ended before any process of it imported torch"
+        )
+    return (
+        "nandoctor was not attached: no process of the command imported torch with "
+        "nandoctor importable (is it a Python with nandoctor installed?)"
+    )
