@@ -50,6 +50,23 @@ def test_the_warmup_steps_are_never_judged():
     assert WARMUP >= 4
 
 
+def test_a_loss_that_diverges_at_once_and_stays_is_an_event_against_its_first_value():
+    """A far too high learning rate (a Trainer at lr 1e3: 0.39, then 5.9e6, 1.7e8, ...)
+    diverges inside the warmup, which then took ~1e7 for the normal level: no event, a
+    CI gate on --fail-on-divergence passed it."""
+    values = [0.39, 5.9e6, 1.7e8, *(v * 3e7 for v in noisy(37, spread=1.0))]
+    event = first_divergence(range(len(values)), values, "loss")
+    assert event is not None and (event.step, event.value, event.baseline) == (1, 5.9e6, 0.39)
+    assert first_divergence(range(len(values)), values, "grad_norm") is None  # loss only
+
+
+def test_a_loss_that_leaves_its_start_by_less_or_comes_back_is_not_that():
+    assert first_divergence(range(40), [0.39, *(v * 1e3 for v in noisy(39))], "loss") is None
+    back = [0.39, 5.9e6, 1.7e8, 3e7, 1.0, *noisy(35)]  # a spike that heals in the warmup
+    assert first_divergence(range(40), back, "loss") is None
+    assert first_divergence(range(6), [0.39, 5.9e6, 1.7e8, 3e7, 2e7, 4e7], "loss") is None
+
+
 def test_a_jump_below_the_ratio_is_not_divergence():
     values = [*noisy(40, spread=0.01), MIN_RATIO / 2]
     assert first_divergence(range(41), values, "grad_norm") is None

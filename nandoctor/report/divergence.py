@@ -13,6 +13,11 @@ The rule, per metric (`loss`, `grad_norm`), over the finite positive values in s
   magnitude because a healthy run's gradient norm can jump 15x above its average while
   the model leaves its initial plateau (seed-fixed.yaml, step 16); the z-score keeps a
   noisy run's usual swings from counting;
+- a loss that rises at once and stays there is judged apart, since the warmup would take
+  its new level for the normal one (a far too high learning rate diverges at its first
+  steps): when the median of the warmup's later half is at least `FROM_START_RATIO`
+  (10^4) times the first loss, the first step at that height diverged, against the first
+  loss. A wild start that comes back (1e-3, then 1e3, then ~1) is not that;
 - only the first divergence of each metric is an event: `{"step", "kind": "divergence",
   "metric", "value", "baseline"}`, where `baseline` is exp(mean), the recent level.
 
@@ -23,6 +28,7 @@ Guard, watch) gets it the same way.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from nandoctor.report.telemetry import Event, Telemetry
@@ -32,6 +38,7 @@ Z = 2.5
 WARMUP = 10
 MIN_RATIO = 100.0
 MIN_STD = 0.05  # in ln units: a 5% wobble
+FROM_START_RATIO = MIN_RATIO**2  # a loss this many times its first, through the warmup
 
 
 def divergence_events(telemetry: Telemetry) -> list[Event]:
@@ -46,12 +53,17 @@ def divergence_events(telemetry: Telemetry) -> list[Event]:
 def first_divergence(
     steps: Sequence[int], values: Sequence[float | None], metric: str
 ) -> Event | None:
+    points = [
+        (step, value)
+        for step, value in zip(steps, values, strict=False)
+        if value is not None and math.isfinite(value) and value > 0
+    ]
+    if metric == "loss" and (at_once := _from_the_start(points)) is not None:
+        return at_once
     mean: float | None = None
     var = 0.0
     seen = 0
-    for step, value in zip(steps, values, strict=False):
-        if value is None or not math.isfinite(value) or value <= 0:
-            continue
+    for step, value in points:
         x = math.log(value)
         if mean is not None and seen >= WARMUP:
             z = (x - mean) / max(math.sqrt(var), MIN_STD)
@@ -67,6 +79,20 @@ def first_divergence(
             var = ALPHA * (var + (1 - ALPHA) * delta * delta)
         seen += 1
     return None
+
+
+def _from_the_start(points: list[tuple[int, float]]) -> Event | None:
+    """A loss that left its first value by `FROM_START_RATIO` within the warmup and stayed
+    there (the median of the warmup's later half): the first step at that height."""
+    warmup = points[1:WARMUP]
+    if len(warmup) < WARMUP - 1:
+        return None
+    first = points[0][1]
+    bar = FROM_START_RATIO * first
+    if statistics.median(v for _, v in warmup[len(warmup) // 2 :]) < bar:
+        return None
+    step, value = next((s, v) for s, v in warmup if v >= bar)
+    return Event(step, "divergence", metric="loss", value=value, baseline=first)
 
 
 def merge_events(events: list[Event], extra: list[Event]) -> list[Event]:
