@@ -62,8 +62,7 @@ def first_divergence(
         return at_once
     mean: float | None = None
     var = 0.0
-    seen = 0
-    for step, value in points:
+    for seen, (step, value) in enumerate(points):
         x = math.log(value)
         if mean is not None and seen >= WARMUP:
             z = (x - mean) / max(math.sqrt(var), MIN_STD)
@@ -77,7 +76,6 @@ def first_divergence(
             delta = x - mean
             mean += (1 - ALPHA) * delta
             var = ALPHA * (var + (1 - ALPHA) * delta * delta)
-        seen += 1
     return None
 
 
