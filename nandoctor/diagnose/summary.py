@@ -130,5 +130,7 @@ def _ranks_clause(failure: Verdict) -> str:
         return ""
     clause = f", born on rank {', '.join(map(str, origin))}"
     if inherited:
-        clause += f" (rank {', '.join(map(str, inherited))} inherited it through the all-reduce)"
+        clause += (
+            f" (rank {', '.join(map(str, inherited))} inherited it as the gradients were combined)"
+        )
     return clause
