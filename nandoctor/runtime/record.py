@@ -84,7 +84,7 @@ class Recorder:
         result.seconds, self._last = now - self.started, now
         result.steps_run += 1
         result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
-        if v.skipped:
+        if v.skip_reason is not None:  # NB: a collapse's last skip is one too
             result.events.append(Event(r.step, "scaler-skip", r.scale, reason=v.skip_reason))
         if self.store is not None:
             _keep_streak_start(self.store, v)

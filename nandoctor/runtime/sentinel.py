@@ -150,7 +150,7 @@ class Verdict:
     phase: Phase | None = None
     skipped: bool = False
     streak_start: int | None = None  # with `skipped`: the first step of the current streak
-    skip_reason: str | None = None  # with `skipped`: OVERFLOW or UNCHECKED
+    skip_reason: str | None = None  # with `skipped` (or a collapse): OVERFLOW or UNCHECKED
     hidden: bool = False  # failed: the scaler skipped it, but it is non-finite unscaled too
     why: str = ""
     # failed in INPUT: the step's batches (one per micro-batch) as the step saw them, so a
@@ -632,6 +632,7 @@ class Judge:
         self.streak += 1
         self.counted += r.scale <= STREAK_CEILING
         next_scale = r.scale * self.backoff
+        reason = UNCHECKED if still_bad is None else OVERFLOW
         if self.counted >= self.max_streak or next_scale < self.min_scale:
             # NB: the scale the last skipped step used, as the evidence and the telemetry
             # quote it (not the one `update()` then halved it to)
@@ -642,8 +643,8 @@ class Judge:
                 if self.streak > 1
                 else f"the GradScaler skipped step {self.streak_start} at {at}"
             )
-            return Verdict(r, failed=True, step=self.streak_start, phase=Phase.BACKWARD, why=why)
-        reason = UNCHECKED if still_bad is None else OVERFLOW
+            step, phase = self.streak_start, Phase.BACKWARD
+            return Verdict(r, failed=True, step=step, phase=phase, skip_reason=reason, why=why)
         return Verdict(r, skipped=True, streak_start=self.streak_start, skip_reason=reason)
 
 
