@@ -81,7 +81,8 @@ def test_a_nan_born_on_rank_1_is_named_and_rank_0_inherited_it(tmp_path):
     ranks = {r["rank"]: r for r in report["ranks"]}
     assert ranks[1]["status"] == "origin" and ranks[1]["first_nonfinite"]["phase"] == "input"
     assert ranks[0]["status"] == "inherited" and ranks[0]["first_nonfinite"]["phase"] == "backward"
-    assert "born on rank 1 (rank 0 inherited it as the gradients were combined)" in report["summary"]
+    inherited = "born on rank 1 (rank 0 inherited it as the gradients were combined)"
+    assert inherited in report["summary"]
     assert report["causes"][0]["id"] == "nonfinite-input"
     assert report["environment"]["data_sharding"] == "self"  # its rank/world_size parameters
 
