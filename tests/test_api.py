@@ -649,9 +649,15 @@ def test_labels_missing_as_nan_and_masked_in_the_loss_keep_both_forms_healthy():
     assert guard.result.steps_run == with_form.result.steps_run == len(batches)
 
 
-def fp16_loop(steps: int = 12, init_scale: float = 2.0**24, sqrt_at_zero: bool = False):
+def fp16_loop(
+    steps: int = 12,
+    init_scale: float = 2.0**24,
+    sqrt_at_zero: bool = False,
+    clip: str | None = None,
+):
     """tiny_loop under float16 autocast with a GradScaler (which overflows a few times
-    first at 2**24); `sqrt_at_zero` adds a term whose gradient is NaN at any scale."""
+    first at 2**24); `sqrt_at_zero` adds a term whose gradient is NaN at any scale;
+    `clip` "after" or "before" `scaler.unscale_`."""
     model, optimizer, batches, _ = tiny_loop(steps=steps)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
 
@@ -664,6 +670,12 @@ def fp16_loop(steps: int = 12, init_scale: float = 2.0**24, sqrt_at_zero: bool =
         if sqrt_at_zero:
             loss = loss + torch.sqrt(((out - out.detach()).float() ** 2).sum())  # sqrt'(0)
         scaler.scale(loss).backward()
+        if clip == "before":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if clip is not None:
+            scaler.unscale_(optimizer)
+        if clip == "after":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
         scaler.update()
 
@@ -720,6 +732,31 @@ def test_guard_step_reruns_a_skip_unscaled_and_catches_the_nan_the_scaler_hid():
     assert (first.step, first.phase, first.reproduced) == (0, "backward", True)
     assert report.evidence.backward_of.startswith("torch.sqrt")
     assert report.events == [] and "loss scale 1" in " ".join(report.notes)
+
+
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_a_clip_before_unscale_is_said_once_and_kept_for_the_report(form):
+    """The hooks see the order of the calls: a clip that met gradients still carrying the
+    loss scale is warned about (the loop trains, healthy, ~65536x too slowly), and kept
+    for a report's clip-before-unscale."""
+    model, optimizer, scaler, batches, train_step = fp16_loop(clip="before")
+    guard = Guard(model, optimizer, scaler)
+    with pytest.warns(UserWarning, match=r"step 0 clipped the gradients before") as caught:
+        with guard if form == "with" else contextlib.nullcontext():
+            for batch in batches:
+                guard.step(train_step, batch) if form == "step" else train_step(batch)
+    assert len([w for w in caught if "clip" in str(w.message)]) == 1
+    assert guard.run.clipped_scaled == 0 and guard.report is None
+
+
+def test_a_clip_after_unscale_is_no_clip_before_it():
+    model, optimizer, scaler, batches, train_step = fp16_loop(clip="after")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Guard(model, optimizer, scaler) as guard:
+            for batch in batches:
+                train_step(batch)
+    assert guard.run.clipped_scaled is None and guard.run.clip_grad_norm == 1.0
 
 
 def test_the_with_form_cannot_rerun_a_skip_so_only_a_collapse_fails():

@@ -135,8 +135,9 @@ def test_the_table_is_read_from_the_registries():
     )
     assert rows["division-by-zero"].whatif == "the origin op guarded"
     assert rows["division-by-zero"].patch.startswith("`OriginGuardPatch`: the op the replay named")
-    clip = rows["clip-before-unscale"]  # lint only
-    assert (clip.rule, clip.whatif, clip.patch) == (None, None, None) and clip.lint
+    clip = rows["clip-before-unscale"]  # lint, and the hooks: a rule, nothing to replay
+    assert clip.rule == "`clip_before_unscale`" and (clip.whatif, clip.patch) == (None, None)
+    assert clip.lint
     no_scaler = rows["fp16-without-grad-scaler"]  # lint only
     assert (no_scaler.rule, no_scaler.whatif, no_scaler.patch) == (None, None, None)
     assert no_scaler.lint == "[warning](lint.md#fp16-without-grad-scaler)"

@@ -263,6 +263,18 @@ def test_an_inf_gradient_made_by_dividing_by_zero_is_no_overflow():
     assert "exploding-gradients" in ids(overflow)
 
 
+def test_a_loop_seen_clipping_scaled_gradients_is_clip_before_unscale():
+    """Only the hooks see the calls' order (`diagnose` unscales first, always): the rule
+    reads what they saw, and ranks above a learning rate raised to make up for it."""
+    assert "clip-before-unscale" not in ids(case("aten.log.default"))
+    update = UpdateRatio(9, 0.08, 0.2, "head.weight")
+    facts = replace(FACTS, clipped_scaled=3, clip_grad_norm=1.0)
+    causes = rank(case("aten.mul.Tensor", update=update, facts=facts))
+    clip = next(c for c in causes if c.id == "clip-before-unscale")
+    assert clip.confidence == 0.6 and "from step 3 the loop clipped" in clip.evidence[0]
+    assert clip.fix.startswith("Call `scaler.unscale_(opt)` right before `clip_grad_norm_`")
+
+
 def test_calm_gradients_are_not_exploding():
     assert "exploding-gradients" not in ids(case("aten.log.default"))
 

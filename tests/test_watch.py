@@ -562,3 +562,33 @@ def test_a_run_whose_scheduler_raised_the_rate_is_reported(tmp_path):
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"]) == (6, "input")
     assert report["causes"][0]["id"] == "nonfinite-input"
+
+
+CLIPS_BEFORE_UNSCALE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(6):
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # still scaled: the bug
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_a_healthy_loop_that_clips_before_unscale_is_told_so(tmp_path, capfd):
+    """The brief's bug that breaks nothing: the run trains 65536x too slowly, and stays
+    finite. The hooks see the clip meet scaled gradients: the report's note and a warning
+    in the script's output say so (nothing else could: it was HEALTHY, no word)."""
+    (tmp_path / "train.py").write_text(CLIPS_BEFORE_UNSCALE)
+    code, report = watch(tmp_path, PY, str(tmp_path / "train.py"))
+    assert code == 0 and report["status"] == "healthy"
+    assert any(n.startswith("step 0 clipped the gradients before scaler.unscale_") for n in
+               report["notes"])  # fmt: skip
+    assert "clip-before-unscale" in capfd.readouterr().err

@@ -68,6 +68,9 @@ class RunFacts:
     scheduler: str | None = None
     # the rate the user set, which a scheduler scales (its `initial_lr`); None without one
     lr_base: float | None = None
+    # the first step whose clip met gradients still carrying the loss scale (a loop that
+    # clips before `scaler.unscale_`, seen by the hooks); None when none did
+    clipped_scaled: int | None = None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """clip-before-unscale: gradients clipped while the GradScaler still scales them.
 
-Only `nandoctor lint` looks for it (in the source, where the order of the calls shows):
-a replay sees clipped gradients, not the order that made them, so there is no rule and
-no fix to replay.
+`nandoctor lint` finds it in the source, where the order of the calls shows; at run time
+only the hooks see that order (`watch`, `Guard`: a loop nandoctor did not write, whose
+`clip_grad_norm_` met gradients that carried the loss scale: `RunFacts.clipped_scaled`).
+`diagnose` always unscales before it clips, so its replay never meets it, and there is no
+fix to replay: the order is the user's code.
 """
 
 from __future__ import annotations
 
-from nandoctor.causes.unit import CauseUnit, entry
+from nandoctor.causes.case import Case
+from nandoctor.causes.unit import CauseUnit, Hit, entry
 
 ID = "clip-before-unscale"
 
@@ -41,4 +44,19 @@ INFO = entry(
 )
 
 
-CAUSE = CauseUnit(INFO)
+def clip_before_unscale(case: Case) -> Hit | None:
+    """The loop clipped scaled gradients: every update was up to the loss scale smaller
+    than meant, which a learning rate raised to make up for it turns into a divergence.
+    Above a trend's weight (a raised rate is its symptom), below a mechanism seen."""
+    step = case.facts.clipped_scaled
+    if step is None:
+        return None
+    evidence = [
+        f"from step {step} the loop clipped the gradients before `scaler.unscale_`: the "
+        "threshold met their norm times the loss scale, so the clip shrank every update "
+        "by up to that factor"
+    ]
+    return Hit(0.6, evidence)
+
+
+CAUSE = CauseUnit(INFO, rule=clip_before_unscale)

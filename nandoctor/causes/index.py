@@ -56,8 +56,9 @@ CAUSES: tuple[CauseUnit, ...] = (
     eps_underflow.CAUSE,
     fully_masked_softmax.CAUSE,
     float32_overflow.CAUSE,
-    # found by lint only, in the order of the calls
+    # the order of the calls: lint in the source, the hooks of a loop they follow
     clip_before_unscale.CAUSE,
+    # found by lint only
     fp16_without_grad_scaler.CAUSE,
 )
 

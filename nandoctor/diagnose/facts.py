@@ -73,6 +73,7 @@ def facts_of(
         lr_jump=lr_jump,
         scheduler=type(scheduler).__name__ if scheduler is not None else None,
         lr_base=number(group.get("initial_lr")) if scheduler is not None else None,
+        clipped_scaled=objects.clipped_scaled,
     )
 
 

@@ -38,6 +38,9 @@ class HookedRun:
     # entered inside the forward says otherwise (`note_inner_autocast`)
     dtype_from_weights: bool = False
     clip_grad_norm: float | None = None  # the max_norm of the last clip_grad_norm_ call
+    # NB: the first step whose clip met gradients the GradScaler still scaled (its
+    # unscale_ came after the clip, or never): a threshold compared with 65536x the norm
+    clipped_scaled: int | None = None
     start_step: int = 0  # the number of the first step (a resumed loop's Guard says it)
     _params: list[nn.Parameter] = field(default_factory=list, repr=False)
     _params_key: tuple[int, ...] = field(default=(), repr=False)

@@ -85,6 +85,14 @@ from nandoctor.runtime.tensors import call_inputs
 StepCallback = Callable[[StepContext], None]
 
 LIGHT_AFTER = 2  # steps with the model as their only root forward, before the light hooks
+# Said once, when a step clips gradients that still carry the loss scale (the report's
+# clip-before-unscale says it again, with a failure)
+CLIP_BEFORE_UNSCALE = (
+    "nandoctor: step {step} clipped the gradients before scaler.unscale_(optimizer): the "
+    "clip compared its threshold with the norm times the loss scale (65536 at the start), "
+    "so every update is that much smaller than meant; call scaler.unscale_(optimizer) "
+    "right before clip_grad_norm_ (clip-before-unscale)"
+)
 
 
 class StepHooks:
@@ -142,6 +150,8 @@ class StepHooks:
         self._late = False  # this forward's keyword inputs are checked when it returns
         self._named: Any = None  # the next step's batch, named by a framework's callback
         self._scaled: tuple[weakref.ref, torch.Tensor, torch.Tensor | None] | None = None
+        self._unscaled = False  # the step's gradients were unscaled since its last backward
+        self._warn = warn
 
     # -- attach / detach -------------------------------------------------------------
     def __enter__(self) -> StepHooks:
@@ -315,7 +325,7 @@ class StepHooks:
             ctx.loss = loss  # this micro-batch's: the probe adds up a step's losses
             self.probe.phase_ended(ctx, Phase.LOSS)
         ctx.grad_scale = scale
-        self._backwarded = True
+        self._backwarded, self._unscaled = True, False
         ctx.phases[:] = [Phase.BACKWARD]
         self.probe.phase_started(ctx, Phase.BACKWARD)
 
@@ -342,8 +352,17 @@ class StepHooks:
         self._scaled = (weakref.ref(out), loss, amp.scale_tensor(scaler))
 
     def clipped(self, max_norm: float | None) -> None:
-        if self.ctx is not None:
-            self.run.clip_grad_norm = max_norm
+        ctx = self.ctx
+        if ctx is None:
+            return
+        self.run.clip_grad_norm = max_norm
+        if ctx.grad_scale is not None and not self._unscaled and self.run.clipped_scaled is None:
+            self.run.clipped_scaled = ctx.step
+            if self._warn:
+                warnings.warn(CLIP_BEFORE_UNSCALE.format(step=ctx.step), stacklevel=4)
+
+    def unscaled(self) -> None:
+        self._unscaled = True
 
     # -- optimizer steps ------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -411,6 +430,7 @@ class StepHooks:
         return self.ctx
 
     def _open(self, batch: Any) -> StepContext:
+        self._unscaled = False
         ctx = StepContext(self.run, self.step, batch, losses_add_up=True)
         if self.on_step_start is not None:
             self.on_step_start(ctx)

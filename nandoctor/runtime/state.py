@@ -67,6 +67,11 @@ class TrainingObjects(Protocol):
         """The max_norm gradients are clipped to, if any."""
         ...
 
+    @property
+    def clipped_scaled(self) -> int | None:
+        """The first step that clipped gradients the GradScaler still scaled, if any."""
+        ...
+
 
 def device_of(objects: TrainingObjects) -> torch.device:
     """Where the step runs: the objects' device, else their parameters' (a hooked run learns

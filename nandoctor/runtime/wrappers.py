@@ -2,11 +2,12 @@
 
 PyTorch has global hooks for module forwards and optimizer steps, but none for "backward
 was called on this loss", "this loss was scaled by a GradScaler", "this GradScaler step
-began and ended" (a skipped step never calls `optimizer.step()`) or "the gradients were
-clipped to N". This module wraps exactly those callables:
+began and ended" (a skipped step never calls `optimizer.step()`), "the gradients were
+unscaled" or "the gradients were clipped to N". This module wraps exactly those callables:
 
     torch.autograd.backward                (Tensor.backward calls it through the module)
-    torch.amp.GradScaler.scale / .step     (torch.cuda.amp.GradScaler inherits both)
+    torch.amp.GradScaler.scale / .step / .unscale_
+                                           (torch.cuda.amp.GradScaler inherits them)
     torch.nn.utils.clip_grad_norm_         (both names users import it under, and the
                                            scaling it calls: a name imported before the
                                            patch still reaches that)
@@ -45,6 +46,8 @@ class Listener(Protocol):
 
     def clipped(self, max_norm: float | None) -> None: ...
 
+    def unscaled(self) -> None: ...
+
 
 _listeners: list[Listener] = []
 _originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original), in install order
@@ -69,6 +72,7 @@ def _install() -> None:
     _patch(torch.autograd, "backward", _wrap_backward)
     _patch(torch.amp.GradScaler, "scale", _wrap_scale)
     _patch(torch.amp.GradScaler, "step", _wrap_scaler_step)
+    _patch(torch.amp.GradScaler, "unscale_", _wrap_unscale)
     clip = _wrap_clip(torch.nn.utils.clip_grad_norm_)
     for owner in (torch.nn.utils, clip_grad):
         _originals.append((owner, "clip_grad_norm_", owner.clip_grad_norm_))
@@ -141,6 +145,16 @@ def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
         return out
 
     return step
+
+
+def _wrap_unscale(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def unscale_(self: torch.amp.GradScaler, optimizer: Any) -> Any:
+        out = original(self, optimizer)
+        _each("unscaled")
+        return out
+
+    return unscale_
 
 
 def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -98,6 +98,10 @@ class Session:
         return self.config.clip_grad_norm
 
     @property
+    def clipped_scaled(self) -> int | None:
+        return None  # NB: the step always unscales before it clips
+
+    @property
     def autocast_policy(self) -> str:
         """Whose autocast lists the forward runs under: `cuda` or the device's (`native`)."""
         return self.config.precision.autocast_policy

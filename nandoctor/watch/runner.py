@@ -29,6 +29,7 @@ from nandoctor.diagnose.summary import REPLAY_INTERRUPTED
 from nandoctor.errors import ExitCode
 from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
+from nandoctor.runtime.hooks import CLIP_BEFORE_UNSCALE
 from nandoctor.runtime.record import RunResult
 from nandoctor.watch import results
 from nandoctor.watch.process import INTERRUPTED_CODE, TIMED_OUT_CODE, run_command
@@ -159,6 +160,11 @@ def _report(
         facts = None
     else:
         result, env, facts = first.result, first.environment, first.facts
+    if facts is not None and facts.clipped_scaled is not None and result.failure is None:
+        # NB: a healthy run has no causes: the loop's clip-before-unscale is said here
+        notes.append(
+            CLIP_BEFORE_UNSCALE.format(step=facts.clipped_scaled).removeprefix("nandoctor: ")
+        )
     if code != 0 and result.failure is None and code != INTERRUPTED_CODE:
         died = f": it raised {raised}" if raised is not None else ""
         notes.append(f"the command exited with code {code}{died}")
