@@ -741,10 +741,14 @@ def test_a_clip_before_unscale_is_said_once_and_kept_for_the_report(form):
     for a report's clip-before-unscale."""
     model, optimizer, scaler, batches, train_step = fp16_loop(clip="before")
     guard = Guard(model, optimizer, scaler)
-    with pytest.warns(UserWarning, match=r"step 0 clipped the gradients before") as caught:
-        with guard if form == "with" else contextlib.nullcontext():
-            for batch in batches:
-                guard.step(train_step, batch) if form == "step" else train_step(batch)
+    hooked = guard if form == "with" else contextlib.nullcontext()
+    warned = pytest.warns(UserWarning, match=r"step 0 clipped the gradients before")
+    with warned as caught, hooked:
+        for batch in batches:
+            if form == "step":
+                guard.step(train_step, batch)
+            else:
+                train_step(batch)
     assert len([w for w in caught if "clip" in str(w.message)]) == 1
     assert guard.run.clipped_scaled == 0 and guard.report is None
 
