@@ -128,6 +128,15 @@ def test_a_rank_that_raises_ends_the_job_with_exit_3_and_its_error(tmp_path):
     assert report is None  # no half-written report
 
 
+def test_a_backend_no_rank_can_run_is_refused_once_before_the_ranks_start(tmp_path):
+    """nccl on the CPU: every rank met it before any could say another had (two lines)."""
+    proc, report = run_two_ranks(tmp_path, {}, extra="distributed: {backend: nccl}\n")
+    assert proc.returncode == 2 and report is None
+    assert proc.stderr.count("nccl needs CUDA devices") == 1, proc.stderr
+    assert "config.yaml:8: distributed.backend: nccl needs CUDA devices" in proc.stderr
+    assert "error: rank" not in proc.stderr  # no rank was started
+
+
 HANG_LOSS = """
 
 import time

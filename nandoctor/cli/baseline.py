@@ -44,7 +44,7 @@ def baseline(
     out = outputs["--out"] or out
     nproc = loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
-        return launch_ranks(nproc)
+        return launch_ranks(loaded, nproc)
     quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     # NB: a baseline records the run's health; it does not judge it (no gate)
     settings = engine.DiagnoseOptions(

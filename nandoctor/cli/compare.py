@@ -72,7 +72,7 @@ def compare(
         )
     nproc = loaded.config.distributed.nproc_per_node
     if nproc > 1 and not distributed.under_launcher():  # as diagnose: one job of N ranks
-        return launch_ranks(nproc)
+        return launch_ranks(loaded, nproc)
     quiet = quiet or distributed.current_rank() != 0  # rank 0 speaks for the job
     console = cli_console(stderr=options.report_console_to_stderr(*outputs.values()))
 

@@ -18,7 +18,7 @@ from nandoctor.cli.app import app, cli_console, handles_errors, stderr_console
 from nandoctor.cli.outcome import Outcome, of_ranks, of_report
 from nandoctor.cli.output import write_text
 from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
-from nandoctor.errors import RankDied, UsageError, UserCodeError
+from nandoctor.errors import ConfigError, RankDied, UsageError, UserCodeError
 from nandoctor.gate.tolerances import Tolerances
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def diagnose(
     if nproc > 1 and time_budget is not None:  # NB: before the launch, not once a rank
         raise UsageError("--time-budget is not supported in distributed runs yet; use --steps")
     if nproc > 1 and not distributed.under_launcher():
-        return launch_ranks(nproc)
+        return launch_ranks(loaded, nproc)
     if distributed.current_rank() != 0:  # rank 0 speaks for the job
         quiet, outputs = True, {}
     tolerances = Tolerances(
@@ -171,13 +171,18 @@ def _stopped_by_a_peer(report: Report) -> Report:
     return dataclasses.replace(report, status="error", summary=summary, notes=[*report.notes, note])
 
 
-def launch_ranks(nproc: int) -> Outcome:
+def launch_ranks(loaded: LoadedConfig, nproc: int) -> Outcome:
     """Run the job on `nproc` ranks; a rank killed by a signal is named (exit 3), and a
-    Ctrl-C or SIGTERM of the launcher is an interrupt (130; rank 0 writes its report)."""
+    Ctrl-C or SIGTERM of the launcher is an interrupt (130; rank 0 writes its report).
+    What every rank would refuse alike is refused first, once for the job."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from nandoctor.setup import distributed
 
+    try:
+        distributed.check_backend(loaded.config.distributed, loaded.config.device)
+    except ConfigError as e:
+        raise loaded.placed(e) from None
     try:
         codes = distributed.launch(sys.argv[1:], nproc)
     except SignalException:

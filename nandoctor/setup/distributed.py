@@ -175,18 +175,26 @@ def join(config: DistributedConfig, device_name: str) -> Ranks | None:
         return None
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available() and device_name != "cpu"
+    cuda = check_backend(config, device_name)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     backend = config.backend or ("nccl" if cuda else "gloo")
-    if backend == "nccl" and not cuda:
-        raise ConfigError("distributed.backend: nccl needs CUDA devices; use gloo on the CPU")
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=config.timeout_s)
         dist.init_process_group(backend, timeout=timeout)
     _keep_store()
     return Ranks(rank, world, local, device)
+
+
+def check_backend(config: DistributedConfig, device_name: str) -> bool:
+    """Whether the ranks run on CUDA; a backend that cannot run where they do is a config
+    error. NB: asked before nandoctor launches the ranks too, so that the job says it
+    once (each rank meets it before any store could tell it another rank said it)."""
+    cuda = torch.cuda.is_available() and device_name != "cpu"
+    if config.backend == "nccl" and not cuda:
+        raise ConfigError("distributed.backend: nccl needs CUDA devices; use gloo on the CPU")
+    return cuda
 
 
 def _keep_store() -> None:
