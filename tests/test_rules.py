@@ -275,6 +275,14 @@ def test_a_loop_seen_clipping_scaled_gradients_is_clip_before_unscale():
     assert clip.fix.startswith("Call `scaler.unscale_(opt)` right before `clip_grad_norm_`")
 
 
+def test_a_backward_overflow_at_the_runs_first_step_is_not_exploding_gradients():
+    """Nothing grew at step 0 (a VAE's exp(logvar) of raw pixels: 3e36 at once): "the
+    gradient norm grew until it overflowed" was its only cause."""
+    first_step = replace(FACTS, start_step=10)  # `case` fails at step 10
+    overflow = case("aten.mm.default", "backward", "inf", [stats(absmax=3e36)], facts=first_step)
+    assert "exploding-gradients" not in ids(overflow)
+
+
 def test_calm_gradients_are_not_exploding():
     assert "exploding-gradients" not in ids(case("aten.log.default"))
 

@@ -117,8 +117,11 @@ def _gradients_led(case: Case, evidence: list[str]) -> float:
 
 
 def _gradient_overflow(case: Case) -> bool:
+    """An overflow in the backward, after steps the gradients could have grown over: at
+    the run's first step nothing grew (huge at once: the inputs or the formula)."""
     overflow = case.first.value in OVERFLOWED and not _divided_by_zero(case)
-    return case.first.phase == "backward" and overflow and not case.facts.collapsed
+    grown = case.first.step > case.facts.start_step
+    return case.first.phase == "backward" and overflow and grown and not case.facts.collapsed
 
 
 def _divided_by_zero(case: Case) -> bool:

@@ -38,8 +38,9 @@ class Trends:
     loss_onset: int | None = None  # from this step on, the loss stayed far above usual
     late_skips: int = 0  # GradScaler skips after the first streak (the scale's calibration)
     # the GradScaler's last streak of skips, up to the last step recorded (the step that
-    # ended the run counts: its verdict is the collapse, not a skip event), and the loss
-    # scale the telemetry shows at the streak's first and last steps
+    # ended the run counts, whether its verdict is the collapse, a skip event too, or
+    # another failure right after the streak), and the loss scale the telemetry shows at
+    # the streak's first and last steps
     final_streak: int = 0
     final_streak_start: int | None = None
     final_scales: tuple[float | None, float | None] = (None, None)  # at its first, last step
