@@ -256,6 +256,13 @@ def test_a_root_floors_its_base_and_a_negative_power_keeps_it_off_zero():
     ]
 
 
+def test_xlogys_second_input_is_floored_so_its_gradient_at_0_over_0_is_finite():
+    p = torch.tensor([0.0, 0.5], requires_grad=True)
+    assert safe_ops.family("torch.xlogy") == ("xlogy", safe_ops.Kind.OTHER_FLOOR)
+    safe_ops.safe_call(torch.xlogy, "torch.xlogy", (p, p), {}).sum().backward()
+    assert torch.isfinite(p.grad).all()  # torch.xlogy(p, p) itself: NaN at 0
+
+
 LIBRARY_PY = """
 def normalise(x, y):
     return x / y

@@ -95,7 +95,9 @@ def test_probabilities_the_model_returned_get_a_fix_that_needs_no_logits():
     made = Producer("aten._softmax.default", "h.0.attn", "m.py:2", "forward", 1, "self", [])
     c = case("aten.log.default", "loss", "-inf", [stats(zeros=2)], [made])
     c = replace(c, first=replace(c.first, module=None))
-    assert "torch.xlogy(p, p)" in rank(c)[0].fix
+    fix = rank(c)[0].fix
+    assert "p.clamp_min(torch.finfo(p.dtype).tiny).log()" in fix
+    assert "`torch.xlogy(p, p)`'s is NaN" in fix  # its gradient at p = 0: not the advice
 
 
 def test_log_of_a_zero_no_softmax_made():
@@ -281,6 +283,19 @@ def test_a_backward_overflow_at_the_runs_first_step_is_not_exploding_gradients()
     first_step = replace(FACTS, start_step=10)  # `case` fails at step 10
     overflow = case("aten.mm.default", "backward", "inf", [stats(absmax=3e36)], facts=first_step)
     assert "exploding-gradients" not in ids(overflow)
+
+
+def test_a_0_over_0_in_the_backward_of_xlogy_is_a_nondifferentiable_point():
+    """xlogy(x, y) is 0 where x is 0, but its derivative in y is x / y: a load-balancing
+    term over a router's mean probabilities, one of them 0, got no cause at all."""
+    zeros = [stats(zeros=3), stats("other", zeros=3)]
+    c = case(
+        "aten.div.Tensor", "backward", "nan", zeros, backward_of="torch.xlogy (XlogyBackward0)"
+    )
+    top = rank(c)[0]
+    assert top.id == "nondifferentiable-point"
+    assert "its derivative in y, x / y, is 0/0 where both inputs are 0" in top.evidence[0]
+    assert "torch.xlogy(x, y.clamp_min(1e-6))" in top.fix
 
 
 def test_calm_gradients_are_not_exploding():

@@ -76,8 +76,8 @@ def _hit(case: Case, producer: Producer | None, zeros: int, what: str | None) ->
 # NB: the model made the probabilities (attention weights a loss term reads): no logits
 _PROBABILITIES_ONLY = (
     " Holding only the probabilities the model returns (attention weights), take their "
-    "log safely: `torch.xlogy(p, p)` for p * log(p) (0 where p is 0), or "
-    "`p.clamp_min(torch.finfo(p.dtype).tiny).log()`."
+    "log safely: `p.clamp_min(torch.finfo(p.dtype).tiny).log()` (for p * log(p), its "
+    "gradient stays finite at p = 0, where `torch.xlogy(p, p)`'s is NaN)."
 )
 # NB: this run's fix names the probability that underflowed (the catalog's names both)
 _FIXES = {

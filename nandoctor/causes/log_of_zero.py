@@ -26,8 +26,9 @@ INFO = entry(
     """,
     fix="""
     Stay in log space with the fused op (`F.binary_cross_entropy_with_logits`,
-    `F.logsigmoid`, `torch.log1p`, `torch.xlogy`) or clamp the argument with
-    `clamp_min(torch.finfo(x.dtype).tiny)`: the log then stays finite and its gradient bounded.
+    `F.logsigmoid`, `torch.log1p`) or clamp the argument with
+    `clamp_min(torch.finfo(x.dtype).tiny)`: the log then stays finite and its gradient
+    bounded (not `torch.xlogy(x, y)` where y needs a gradient: in y it is x / y, 0/0 at 0).
     """,
     before="""
     p = torch.sigmoid(z)

@@ -21,13 +21,15 @@ INFO = entry(
     d sqrt(x)/dx = 1/(2 sqrt(x)) is inf at x = 0, and the chain rule multiplies it by the 0
     gradient of the squares inside: inf * 0 = NaN. So `torch.sqrt(((a - b) ** 2).sum(-1))`
     has a fine forward value (0) and NaN gradients for identical points. acos and asin have
-    infinite derivatives at +-1, pow(x, p) with p < 1 at 0. `torch.linalg.vector_norm`
-    defines a zero gradient at 0 and is safe.
+    infinite derivatives at +-1, pow(x, p) with p < 1 at 0, and `torch.xlogy(x, y)`, whose
+    forward is 0 where x is 0, has x / y for its derivative in y: 0/0 where both are 0.
+    `torch.linalg.vector_norm` defines a zero gradient at 0 and is safe.
     """,
     fix="""
     Keep the argument off the singular point (`torch.sqrt(x + 1e-6)`,
-    `torch.acos(c.clamp(-1 + 1e-6, 1 - 1e-6))`) or use `torch.linalg.vector_norm`: the
-    backward then never multiplies an infinite derivative by 0.
+    `torch.acos(c.clamp(-1 + 1e-6, 1 - 1e-6))`, `torch.xlogy(x, y.clamp_min(1e-6))`) or use
+    `torch.linalg.vector_norm`: the backward then never multiplies an infinite derivative
+    by 0.
     """,
     before="""
     dist = torch.sqrt(((a - b) ** 2).sum(-1))
@@ -54,10 +56,14 @@ def nondifferentiable_point(case: Case) -> Hit | None:
         # NB: no singular point met (the backward's zeros: 2 sqrt(0), 1 - x^2 at acos's ±1)
         return None
     detail = f" (its backward met {plural(zeros, 'exact zero')})" if zeros else ""
+    singular = (
+        "its derivative in y, x / y, is 0/0 where both inputs are 0"
+        if case.backward_of == "xlogy"
+        else "its derivative is infinite where the forward input is 0 (or at ±1 for acos/asin)"
+    )
     sentence = (
         f"the backward of {case.evidence.backward_of}{where(case)} made "
-        f"{case.first.value}{detail}: its derivative is infinite where the forward input "
-        "is 0 (or at ±1 for acos/asin), though the forward value is finite"
+        f"{case.first.value}{detail}: {singular}, though the forward value is finite"
     )
     return Hit(0.9, [sentence])
 

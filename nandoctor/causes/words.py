@@ -14,8 +14,11 @@ PROBABILITIES = frozenset({"softmax", "sigmoid"})
 SOFTMAXES = frozenset({"softmax", "log_softmax"})
 ROOTS = frozenset({"sqrt", "rsqrt"})
 STEEP_AT_A_POINT = frozenset(
-    {"sqrt", "rsqrt", "pow", "norm", "linalg_vector_norm", "acos", "asin", "cdist", "dist", "std"}
-)  # ops whose derivative is infinite at a point where the op itself is finite
+    {
+        *("sqrt", "rsqrt", "pow", "norm", "linalg_vector_norm", "acos", "asin", "cdist"),
+        *("dist", "std", "xlogy"),
+    }
+)  # ops whose derivative is infinite (or 0/0: xlogy's in y) where the op itself is finite
 OVERFLOWED = ("inf", "-inf", "mixed")  # values of a first non-finite that overflowed
 
 

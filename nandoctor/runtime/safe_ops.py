@@ -12,6 +12,7 @@ chosen so that the value *and* its gradient stay finite, the way a user would fi
 | floor | log, log2, log10, sqrt, rsqrt | the input clamped to the dtype's smallest normal |
 | above -1 | log1p | the input clamped to -1 + eps |
 | unit | acos, asin, atanh | the input clamped into [-1 + eps, 1 - eps] |
+| other floored | xlogy, x * log(y) | y clamped to the dtype's smallest normal (x / y: 0/0) |
 | pow | pow, `x ** p` | a root (0 < p < 1): floor; a negative power: away from 0; else float32 |
 | float32 | exp, matmul, linear, any other op | run in float32, autocast off |
 
@@ -37,6 +38,7 @@ class Kind(str, Enum):
     ABOVE_MINUS_ONE = "input clamped above -1"
     UNIT = "input clamped into (-1, 1)"
     POW = "base kept in the power's domain"
+    OTHER_FLOOR = "second input clamped to the smallest normal number"
     FLOAT32 = "run in float32"
 
 
@@ -51,6 +53,7 @@ _TABLE: dict[str, tuple[str, Kind]] = {
     **dict.fromkeys(("acos", "arccos"), ("acos", Kind.UNIT)),
     **dict.fromkeys(("asin", "arcsin"), ("asin", Kind.UNIT)),
     **dict.fromkeys(("atanh", "arctanh"), ("atanh", Kind.UNIT)),
+    "xlogy": ("xlogy", Kind.OTHER_FLOOR),
     **dict.fromkeys(("pow", "__pow__", "__ipow__", "float_power"), ("pow", Kind.POW)),
     "__rpow__": ("pow", Kind.FLOAT32),
     **dict.fromkeys(
@@ -96,11 +99,12 @@ def safe_call(func: Callable, name: str, args: tuple, kwargs: dict) -> Any:
         kind = _pow_kind(args, kwargs)
     if kind is Kind.FLOAT32:
         return in_float32(func, args, kwargs)
-    if kind is Kind.DENOMINATOR:
+    if kind in _SECOND:
+        second = _SECOND[kind]
         if len(args) > 1 and isinstance(args[1], torch.Tensor):
-            args = (args[0], away_from_zero(args[1]), *args[2:])
+            args = (args[0], second(args[1]), *args[2:])
         elif isinstance(kwargs.get("other"), torch.Tensor):
-            kwargs = {**kwargs, "other": away_from_zero(kwargs["other"])}
+            kwargs = {**kwargs, "other": second(kwargs["other"])}
         return func(*args, **kwargs)
     x = args[0]
     safe = _SAFE[kind](x, in_place(name))
@@ -135,6 +139,12 @@ def _unit(x: torch.Tensor, inplace: bool) -> torch.Tensor:
 def _self_away(x: torch.Tensor, inplace: bool) -> torch.Tensor:
     return x.copy_(away_from_zero(x)) if inplace else away_from_zero(x)
 
+
+# NB: the kinds whose safe form changes the second input (`other`), never in place
+_SECOND: dict[Kind, Callable[[torch.Tensor], torch.Tensor]] = {
+    Kind.DENOMINATOR: away_from_zero,
+    Kind.OTHER_FLOOR: lambda y: _floor(y, False) if y.is_floating_point() else y,
+}
 
 _SAFE: dict[Kind, Callable[[torch.Tensor, bool], torch.Tensor]] = {
     Kind.FLOOR: _floor,
