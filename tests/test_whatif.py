@@ -21,6 +21,7 @@ from nandoctor.diagnose.verify import (
     Plan,
     Resume,
     Verdict,
+    _behind_others,
     _loss_words,
     applies,
     combined,
@@ -219,6 +220,27 @@ def test_a_fix_that_held_outranks_one_that_was_refuted_whatever_the_confidence()
         ("division-by-zero", 0.64),  # x 0.8: finite, but it stopped learning
         ("exploding-gradients", 0.42),  # x 0.5, rounded half to even: refuted
     ]
+
+
+def test_a_held_fix_whose_run_ended_far_above_another_held_fixs_trails_it():
+    """A VAE whose warmup peaks at a 10x too high rate: bfloat16 kept it finite (its loss
+    ended at 186) and ranked first on its confidence, above the smaller rate that made it
+    train (11.2): both held, and the ranking said nothing of the difference."""
+    held = Verdict(Replay.HELD, "with bfloat16, ...; the loss fell from 1.13e+04 to 186", end=186)
+    ahead = Verdict(Replay.HELD, "with a 10x smaller rate, ...; 16.3 to 11.2", end=11.2)
+    fp16 = replace(cause("fp16-overflow", 0.75), verification=held.sentence, verified=True)
+    lr = replace(cause("learning-rate-too-high", 0.5), verification=ahead.sentence)
+    weighed = _behind_others([(fp16, held), (lr, ahead)])
+    assert [r for _, r in weighed] == [Replay.BEHIND, Replay.HELD]
+    trails = "its loss ended 16.6x above where the learning-rate-too-high fix left it"
+    assert weighed[0][0].verification.endswith(f"; {trails} (186 against 11.2)")
+    ranked = rerank(weighed)
+    assert [(c.id, c.confidence, c.verified) for c in ranked] == [
+        ("learning-rate-too-high", 0.5, None),
+        ("fp16-overflow", 0.75, True),  # still verified: it did keep the run finite
+    ]
+    near = Verdict(Replay.HELD, "...", end=90.0)  # under 10x the best: no judgement made
+    assert [r for _, r in _behind_others([(fp16, near), (lr, ahead)])] == [Replay.HELD] * 2
 
 
 def test_reranking_is_deterministic_and_keeps_the_rules_order_on_ties():

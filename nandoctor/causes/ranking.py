@@ -8,8 +8,11 @@ telemetry, so after the replays the order is, deterministically:
 
 1. causes whose fix held (the run got past the failing step and kept learning) and causes
    with no replay, by confidence;
-2. causes whose fix kept the run finite but stopped it learning, their confidence x 0.8;
-3. causes whose fix was refuted (the run still went non-finite), their confidence x 0.5.
+2. causes whose fix held, but left the run's loss far above (10x) where another held fix
+   left it (`BEHIND`: finite and learning, yet not the fix that made it train), by
+   confidence;
+3. causes whose fix kept the run finite but stopped it learning, their confidence x 0.8;
+4. causes whose fix was refuted (the run still went non-finite), their confidence x 0.5.
 
 A cause whose fix held therefore always outranks one whose fix was refuted. Ties keep the
 order of `index.CAUSES`.
@@ -29,6 +32,7 @@ class Replay(str, Enum):
     """What replaying a cause's fix showed."""
 
     HELD = "held"  # finite past the failing step, and still learning
+    BEHIND = "held-behind"  # held, its loss ending far above another held fix's
     STOPPED_LEARNING = "stopped-learning"  # finite, but the loss stalled or diverged
     REFUTED = "refuted"  # still went non-finite
     NOT_REPLAYED = "not-replayed"  # no fix to apply, nothing rewritten, or no time left
@@ -38,8 +42,9 @@ class Replay(str, Enum):
 _STANDING = {
     Replay.HELD: (0, 1.0),
     Replay.NOT_REPLAYED: (0, 1.0),
-    Replay.STOPPED_LEARNING: (1, 0.8),
-    Replay.REFUTED: (2, 0.5),
+    Replay.BEHIND: (1, 1.0),
+    Replay.STOPPED_LEARNING: (2, 0.8),
+    Replay.REFUTED: (3, 0.5),
 }
 
 

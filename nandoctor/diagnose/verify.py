@@ -42,7 +42,7 @@ from nandoctor.causes.case import Case
 from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import Replay, rerank
 from nandoctor.causes.unit import Change, Fix, fixes_for
-from nandoctor.causes.words import OVERFLOWED, plural
+from nandoctor.causes.words import OVERFLOWED, num, plural
 from nandoctor.diagnose.learning import learning_of
 from nandoctor.errors import NandoctorError
 from nandoctor.registry import Registry
@@ -58,6 +58,7 @@ from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 MIN_HORIZON = 32
+FAR_BEHIND = 10.0  # a held fix whose run ended this many times above another's trails it
 # NB: loaded weights are zeroed as they are loaded: that fix is replayed from the run's start
 FROM_START = frozenset({Change.ZERO_NONFINITE_WEIGHTS})
 
@@ -82,6 +83,7 @@ class Verdict:
     replay: Replay
     sentence: str
     applied: bool = True  # False: the fix found nothing to change; the next one may
+    end: float | None = None  # a fix that held: its check's loss at the end (a window mean)
 
     @property
     def verified(self) -> bool | None:
@@ -236,7 +238,30 @@ def verify_all(
 ) -> list[Cause]:
     """Every cause with its fix replayed (within the budget), re-ranked by the replays;
     from `resume`, the newest snapshot before the failure, where a fix allows it."""
-    return rerank([check(cause, case, loaded, deadline, resume) for cause in causes])
+    checked = [check(cause, case, loaded, deadline, resume) for cause in causes]
+    return rerank(_behind_others(checked))
+
+
+def _behind_others(checked: list[tuple[Cause, Verdict]]) -> list[tuple[Cause, Replay]]:
+    """The replays as `rerank` weighs them: a fix that held, but whose run ended
+    `FAR_BEHIND` times above another held fix's, trails it (a bfloat16 switch that keeps
+    a run finite whose learning rate is 10x too high, beside the smaller rate)."""
+    ends = [v.end if v.replay is Replay.HELD and v.end else None for _, v in checked]
+    held = [(end, cause) for end, (cause, _) in zip(ends, checked, strict=True) if end]
+    if not held:
+        return [(cause, verdict.replay) for cause, verdict in checked]
+    best, ahead = min(held, key=lambda pair: pair[0])
+    out = []
+    for (cause, verdict), end in zip(checked, ends, strict=True):
+        if end is None or end < FAR_BEHIND * best:
+            out.append((cause, verdict.replay))
+            continue
+        behind = (
+            f"; its loss ended {end / best:.3g}x above where the {ahead.id} fix left it "
+            f"({num(end)} against {num(best)})"
+        )
+        out.append((replace(cause, verification=f"{cause.verification}{behind}"), Replay.BEHIND))
+    return out
 
 
 def verify(
@@ -256,7 +281,7 @@ def check(
     loaded: LoadedConfig,
     deadline: float,
     resume: StateSnapshot | None = None,
-) -> tuple[Cause, Replay]:
+) -> tuple[Cause, Verdict]:
     """Replay the cause's fixes in order until one holds; the cause with the verdict of
     the best one (the sentences of those tried before it kept in front of its own)."""
     verdicts: list[Verdict] = []
@@ -268,9 +293,9 @@ def check(
         if verdicts[-1].replay is Replay.HELD:
             break
     if not verdicts:
-        return cause, Replay.NOT_REPLAYED
+        return cause, Verdict(Replay.NOT_REPLAYED, "")
     best = combined(verdicts)
-    return replace(cause, verified=best.verified, verification=best.sentence), best.replay
+    return replace(cause, verified=best.verified, verification=best.sentence), best
 
 
 _BEST_FIRST = (Replay.HELD, Replay.STOPPED_LEARNING, Replay.REFUTED, Replay.NOT_REPLAYED)
@@ -281,7 +306,7 @@ def combined(verdicts: list[Verdict]) -> Verdict:
     (a fix that found nothing to change is mentioned only when nothing else ran)."""
     applied = [v for v in verdicts if v.applied] or verdicts
     best = min(applied, key=lambda v: _BEST_FIRST.index(v.replay))
-    return Verdict(best.replay, "; ".join(v.sentence for v in applied), best.applied)
+    return Verdict(best.replay, "; ".join(v.sentence for v in applied), best.applied, best.end)
 
 
 def horizon(case: Case) -> int:
@@ -306,7 +331,7 @@ def _replay(
         return resumed
     again = run_plan(plan, case, deadline)
     said_again = again.sentence.removeprefix(f"{plan.describe}, ")
-    return Verdict(again.replay, f"{resumed.sentence}; {said_again}", again.applied)
+    return Verdict(again.replay, f"{resumed.sentence}; {said_again}", again.applied, again.end)
 
 
 @dataclass(frozen=True)
@@ -415,7 +440,8 @@ def _judge(
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
         return Verdict(Replay.STOPPED_LEARNING, why)
     loss = _loss_words(learning.start, learning.end, case.reference_loss)
-    return Verdict(Replay.HELD, f"{fixed}, {finite}, past the failing step {case.first.step}{loss}")
+    held = f"{fixed}, {finite}, past the failing step {case.first.step}{loss}"
+    return Verdict(Replay.HELD, held, end=learning.end)
 
 
 def _loss_words(start: float | None, end: float | None, reference: float | None) -> str:
