@@ -105,6 +105,15 @@ def test_log_of_a_zero_no_softmax_made():
     assert ids(c)[0] == "log-of-zero"
 
 
+def test_a_reciprocal_of_zero_is_told_a_floor_on_its_own_scale_not_tiny():
+    """A diffusion weight 1 / sigma**2 at sigma = 0: clamped to the dtype's tiny it is
+    8.5e37, finite, and the loss it weighs reaches 1e36; no fix."""
+    c = case("aten.reciprocal.default", "loss", "inf", [stats(zeros=1)], [producer("aten.pow")])
+    top = rank(c)[0]
+    assert top.id == "log-of-zero" and "sigma.clamp_min(1e-3)" in top.fix
+    assert "not the dtype's `tiny`" in top.fix and "logsigmoid" not in top.fix
+
+
 def test_a_reciprocal_square_root_of_zero_gets_a_fix_for_it_not_for_a_log():
     c = case("aten.rsqrt.default", "forward", "inf", [stats(zeros=4)], [producer("aten.mean.dim")])
     assert ids(c)[0] == "log-of-zero"

@@ -51,17 +51,26 @@ def log_of_zero(case: Case) -> Hit | None:
         f"{case.first.op}{where(case)} met {plural(case.zeros_in_inputs, 'exact zero')}{origin}: "
         f"the result is {case.first.value}"
     )
-    fix = _RECIPROCAL_FIX if case.op in ("reciprocal", "rsqrt") else None
-    return Hit(0.85, [sentence], fix=fix)
+    return Hit(0.85, [sentence], fix=_NOT_A_LOG.get(case.op))
 
 
-# NB: a reciprocal or rsqrt of 0 (an RMSNorm's rsqrt(mean(x^2) + eps)) is no log: the
-# catalog's log-space advice does not apply to it
-_RECIPROCAL_FIX = (
-    "Keep the argument off 0: add an epsilon the dtype holds (`torch.rsqrt(v + eps)` with "
-    "eps at least `torch.finfo(v.dtype).tiny`; 1e-12 is 0 in float16) or clamp it with "
-    "`clamp_min(torch.finfo(v.dtype).tiny)`: the result then stays finite."
-)
+# NB: a reciprocal or rsqrt of 0 is no log: the catalog's log-space advice does not apply
+_NOT_A_LOG = {
+    # an RMSNorm's rsqrt(mean(x^2) + eps): what it scales is ~0 too, so any floor works
+    "rsqrt": (
+        "Keep the argument off 0: add an epsilon the dtype holds (`torch.rsqrt(v + eps)` "
+        "with eps at least `torch.finfo(v.dtype).tiny`; 1e-12 is 0 in float16) or clamp it "
+        "with `clamp_min(torch.finfo(v.dtype).tiny)`: the result then stays finite."
+    ),
+    # a weight 1 / sigma**2, a mean over a count: 1 / tiny (~1e38 in float32) is finite
+    # and swamps the loss it multiplies, so the floor must be on the quantity's own scale
+    "reciprocal": (
+        "Keep the divisor off 0 at a floor on its own scale, the smallest value it "
+        "meaningfully takes: `1 / sigma.clamp_min(1e-3)` for a noise level, "
+        "`1 / n.clamp_min(1)` for a count; not the dtype's `tiny`, whose reciprocal (~1e38 "
+        "in float32) is finite but swamps whatever it multiplies."
+    ),
+}
 
 
 CAUSE = CauseUnit(INFO, rule=log_of_zero, fixes=(GUARD_ORIGIN,))
