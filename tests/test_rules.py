@@ -166,6 +166,13 @@ def test_an_epsilon_float16_rounds_to_zero_beats_division_by_zero():
     ]
 
 
+def test_the_zeros_an_epsilon_failed_to_guard_are_the_denominators_alone():
+    inputs = [stats(zeros=2944), stats("other", zeros=92)]  # zero padding rows: both sides
+    made = [producer("aten.add.Tensor", feeds="other", scalars=["other=1e-08"])]
+    top = rank(case("aten.div.Tensor", inputs=inputs, producers=made))[0]
+    assert top.id == "eps-underflow" and top.evidence[0].endswith("still met 92 exact zeros")
+
+
 def test_an_epsilon_added_in_the_math_gets_the_fix_for_that_line():
     """Not the catalog's `model.half()` and Adam: an autocast run's weights are float32
     already; the epsilon to change is the one at that line."""

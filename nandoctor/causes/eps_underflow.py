@@ -60,7 +60,7 @@ def eps_underflow(case: Case) -> Hit | None:
         dtype = _dtype_added_in(case, p)
         tiny = [s for s in p.scalars if rounds_to_zero(number_in(s), dtype)]
         if tiny:
-            zeros = plural(case.zeros_in_inputs, "exact zero")
+            zeros = plural(_zeros_guarded(case, p), "exact zero")
             sentence = (
                 f"{p.op} at {p.source} added {tiny[0].split('=')[-1]}, which is 0 in {dtype} "
                 f"(smallest value ~{SMALLEST[str(dtype)]:.2g}), so {case.first.op} still met "
@@ -78,6 +78,13 @@ def eps_underflow(case: Case) -> Hit | None:
 
 
 GUARDS = frozenset({"add", "clamp", "clamp_min", "maximum", "clip"})  # ops an epsilon rides
+
+
+def _zeros_guarded(case: Case, p: Producer) -> int:
+    """The zeros of the input the epsilon was meant to guard (the denominator its add
+    made), not the numerator's too: `x / (norm + 1e-8)` met 92 zeros, not 3036."""
+    fed = case.input(p.feeds) if p.depth == 1 else case.divisor
+    return fed.zeros if fed is not None and fed.zeros else case.zeros_in_inputs
 
 
 def _dtype_added_in(case: Case, p: Producer) -> str | None:
