@@ -197,6 +197,27 @@ def test_float16_overflow_recomputed_finite_in_float32():
     assert "gives |x| up to 8.1e+04 in float32" in rank(c)[0].evidence[0]
 
 
+def test_an_overflow_an_exponential_made_is_told_to_bound_the_exponent_first():
+    """A CLIP temperature exp(14.3) = 1.6e6 times the similarities: bfloat16 keeps that run
+    finite at a loss 7500x chance; the fix that trains clamps the exponent."""
+    recompute = Recompute("float32", True, 1.6e6)
+    temperature = [stats(absmax=1.6e6), stats("other", absmax=1.0)]
+    made = [producer("aten.exp.default", feeds="self")]
+    c = case("aten.mul.Tensor", value="inf", inputs=temperature, producers=made,
+             recompute=recompute)  # fmt: skip
+    top = rank(c)[0]
+    assert top.id == "fp16-overflow"
+    assert "the value overflowing is an exponential's: aten.exp.default at m.py:2" in top.evidence
+    assert top.fix.startswith("An exponential made it at m.py:2: normalise in log space")
+    assert "logit_scale.clamp(max=math.log(100))" in top.fix and "bfloat16" in top.fix
+    exp = case("aten.exp.default", value="inf", inputs=[stats(absmax=42.0, lo=-3.0)],
+               recompute=Recompute("float32", True, 1.7e18))  # fmt: skip
+    assert rank(exp)[0].fix.startswith("An exponential made it at m.py:3")
+    plain = case("aten.addmm.default", value="inf", inputs=[stats(absmax=30000.0)],
+                 recompute=Recompute("float32", True, 81000.0))  # fmt: skip
+    assert "exponential" not in rank(plain)[0].fix
+
+
 def test_an_overflow_a_climbing_loss_led_to_yields_to_the_learning_rate():
     """A 1000x learning rate: the loss climbed for steps, then an op overflowed float16.
     The overflow is where the divergence showed (bfloat16 let the same run climb to a

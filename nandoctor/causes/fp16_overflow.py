@@ -80,7 +80,44 @@ def _overflow_here(case: Case) -> Hit | None:
             "the divergence showed, and bfloat16 would only let it run on"
         )
         confidence -= 0.35
-    return Hit(confidence, evidence)
+    made_by = _exponential(case)
+    if made_by is None:
+        return Hit(confidence, evidence)
+    op, source = made_by
+    at = f" at {source}" if source else ""
+    evidence.append(f"the value overflowing is an exponential's: {op}{at}")
+    return Hit(confidence, evidence, fix=f"{BOUND_THE_EXPONENT.format(at=at)} {INFO.fix}")
+
+
+# NB: an exponential of an argument nothing bounds (a learned temperature, the log-variance
+# of inputs never normalised) passes any range: bfloat16 keeps the run finite on values it
+# cannot train with (a CLIP temperature of 1.6e6: its loss 7500x chance), so the bound
+# comes first, and bfloat16 for values meant to be that large
+BOUND_THE_EXPONENT = (
+    "An exponential made it{at}: normalise in log space (`torch.softmax`, `torch.logsumexp` "
+    "subtract the maximum first), and bound an exponent nothing bounds "
+    "(`logit_scale.clamp(max=math.log(100))` for a learned temperature, "
+    "`logvar.clamp(max=20)` for a log-variance): an exponential of an unbounded argument "
+    "outgrows every range, bfloat16's too."
+)
+
+
+def _exponential(case: Case) -> tuple[str, str | None] | None:
+    """(op, source) of the exponential that made the overflowing value: the failing op
+    itself, fed an exponent past float16's (~11.1), or what made its largest input."""
+    x = case.input("self")
+    if op_base(case.first.op or "") == "exp" and x is not None and x.max > EXP_FLOAT16:
+        return case.first.op or "exp", case.first.source
+    biggest = max(case.evidence.inputs, key=lambda i: i.absmax, default=None)
+    if biggest is None or biggest.absmax < 0.25 * FLOAT16_MAX:
+        return None
+    for p in case.producers(1):
+        if p.feeds == biggest.name and op_base(p.op) == "exp":
+            return p.op, p.source
+    return None
+
+
+EXP_FLOAT16 = 11.09  # ln(65504): exp overflows float16 above it
 
 
 EXPONENTIALS = frozenset({"exp", "exp2", "expm1", "pow", "cosh", "sinh"})
