@@ -97,6 +97,17 @@ def test_failure_panel_shows_where_and_why(tmp_path):
     assert "×" in text  # the NaN loss on the curve
 
 
+def test_zeros_that_had_no_part_in_an_overflow_are_not_offered_as_its_origin(tmp_path):
+    """A matmul whose inputs hold ReLU's zeros overflowed (inf, and inf in float32 too):
+    "their exact zeros may come from an earlier op's lower precision" pointed at them."""
+    report = failing_report(tmp_path)
+    first = dataclasses.replace(report.first_nonfinite, op="aten.mm.default", value="inf")
+    report = dataclasses.replace(report, first_nonfinite=first)
+    text = render(report)
+    assert "exact zeros may come" not in text
+    assert "in float32 the same op is still non-finite" in text
+
+
 def test_a_module_outside_the_model_is_named_by_the_phase_it_ran_in(tmp_path):
     """No module path: in the loss phase, the loss or the loop; in the forward phase,
     another module the step called (a GAN's second model under `watch`), never the loss;

@@ -13,6 +13,9 @@ LOGS = frozenset({"log", "log2", "log10"})
 PROBABILITIES = frozenset({"softmax", "sigmoid"})
 SOFTMAXES = frozenset({"softmax", "log_softmax"})
 ROOTS = frozenset({"sqrt", "rsqrt"})
+# ops an exact zero among their inputs makes infinite (x/0, log 0, 0 ** -1): the others
+# turn a zero into a NaN only by meeting an inf (0 * inf), which then made the NaN
+MEETS_ZERO = LOGS | {"div", "reciprocal", "rsqrt", "pow", "xlogy"}
 STEEP_AT_A_POINT = frozenset(
     {
         *("sqrt", "rsqrt", "pow", "norm", "linalg_vector_norm", "acos", "asin", "cdist"),

@@ -16,7 +16,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
 
-from nandoctor.causes.words import value_word
+from nandoctor.causes.case import op_base
+from nandoctor.causes.words import MEETS_ZERO, value_word
 from nandoctor.report.evidence import Evidence, TensorStats
 from nandoctor.report.types import FirstNonfinite, Report, Transient
 
@@ -36,7 +37,7 @@ def origin_block(report: Report) -> RenderableType | None:
         if evidence is not None and evidence.inputs:
             parts.append(inputs_table(evidence.inputs))
         if evidence is not None:
-            parts.extend(escape(line) for line in _provenance(evidence))
+            parts.extend(escape(line) for line in _provenance(evidence, first))
     parts.extend(escape(line) for line in transient_lines(report.transients))
     return Group(*parts) if parts else None
 
@@ -157,7 +158,7 @@ def inputs_table(inputs: list[TensorStats]) -> Table:
     return table
 
 
-def _provenance(evidence: Evidence) -> list[str]:
+def _provenance(evidence: Evidence, first: FirstNonfinite) -> list[str]:
     lines = []
     for p in evidence.producers:
         where = f" in {p.module or '(root)'}" if p.module is not None else ""
@@ -171,7 +172,7 @@ def _provenance(evidence: Evidence) -> list[str]:
             lines.append(
                 f"in float32 the same op stays finite (|x| max {peak}): a precision problem"
             )
-        elif any(i.zeros for i in evidence.inputs) and any(
+        elif _zeros_count(evidence, first) and any(
             i.dtype in ("float16", "bfloat16") for i in evidence.inputs
         ):  # NB: recomputed from the inputs as they are: a zero an earlier half-precision
             # op rounded to (x*x underflowing, 1e-8 that is 0 in float16) stays a zero
@@ -184,6 +185,15 @@ def _provenance(evidence: Evidence) -> list[str]:
                 "in float32 the same op is still non-finite: the math itself, not the precision"
             )
     return lines
+
+
+def _zeros_count(evidence: Evidence, first: FirstNonfinite) -> bool:
+    """The inputs' exact zeros had a part in the non-finite value: a NaN (0/0, 0 * inf)
+    or an op a zero makes infinite (x/0, log 0); not an overflow of a matmul whose inputs
+    hold ReLU's zeros."""
+    if not any(i.zeros for i in evidence.inputs):
+        return False
+    return first.value in ("nan", "mixed") or op_base(first.op or "") in MEETS_ZERO
 
 
 def _num(x: float | None) -> str:
