@@ -335,6 +335,19 @@ def test_a_0_over_0_in_the_backward_of_xlogy_is_a_nondifferentiable_point():
     assert "torch.xlogy(x, y.clamp_min(1e-6))" in top.fix
 
 
+def test_values_past_1e30_at_the_runs_first_step_are_a_float32_overflow():
+    """Nothing grew at step 0: a bfloat16 VAE's backward met 3e36 (exp(logvar) of raw
+    pixels). Later in a run the same product is the dynamics' (exploding gradients)."""
+    huge = [stats(dtype="bfloat16", absmax=2.7e36), stats("mat2", dtype="bfloat16", absmax=266.0)]
+    at_start = replace(FACTS, start_step=10)  # `case` fails at step 10
+    c = case("aten.mm.default", "backward", "inf", huge, facts=at_start)
+    c = replace(c, first=replace(c.first, dtype="bfloat16"))
+    top = rank(c)[0]
+    assert top.id == "float32-overflow" and "received values up to 2.7e+36" in top.evidence[0]
+    later = replace(c, facts=FACTS)
+    assert "float32-overflow" not in ids(later)
+
+
 def test_calm_gradients_are_not_exploding():
     assert "exploding-gradients" not in ids(case("aten.log.default"))
 

@@ -7,8 +7,11 @@ that made the inf itself (its inputs all finite) from an argument beyond its lim
 (ln(3.4e38) ~ 88.7 for exp): exp without subtracting the max first. Any other op that
 overflows float32 (a product, a sum) only says that its inputs had grown huge: the
 training-dynamics causes name that growth from the telemetry (on the exploding-gradients
-and learning-rate-too-high examples a product overflows), so it is not claimed here.
-No what-if: the fix rewrites the formula, which nandoctor cannot do for the user.
+and learning-rate-too-high examples a product overflows), so it is not claimed here,
+unless nothing could have grown: at the run's first step, inputs already past 1e30 (a
+VAE's exp(logvar) of pixels never normalised: 3e36 in the backward of step 0) are the
+formula's or the data's. No what-if: the fix rewrites the formula, which nandoctor cannot
+do for the user.
 """
 
 from __future__ import annotations
@@ -67,6 +70,28 @@ def float32_overflow(case: Case) -> Hit | None:
         return None
     if case.first.dtype not in WIDE and not _past_float32_too(case):
         return None
+    return _exponential(case) or _huge_at_once(case)
+
+
+def _huge_at_once(case: Case) -> Hit | None:
+    """Inputs one product away from float32's range at the run's first step."""
+    if case.first.step != case.facts.start_step:
+        return None
+    biggest = max((i.absmax for i in case.evidence.inputs), default=0.0)
+    if biggest < HUGE or any(i.nonfinite for i in case.evidence.inputs):
+        return None
+    sentence = (
+        f"{case.first.op}{where(case)} received values up to {num(biggest)} at the run's "
+        "first step: nothing had time to grow, so the formula or the data made them, and "
+        "past float32's ~3.4e38 (bfloat16's range too) no dtype holds them"
+    )
+    return Hit(0.6, [sentence])
+
+
+HUGE = 1e30  # finite values this large are a product away from float32's range
+
+
+def _exponential(case: Case) -> Hit | None:
     limit = EXP_LIMITS.get(case.op)
     x = case.input("self")
     if limit is None or x is None or any(i.nonfinite for i in case.evidence.inputs):
