@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nandoctor.compare.verdict import compare_verdict
 from nandoctor.report.comparison import CompareRun, Headroom
 
@@ -79,3 +81,29 @@ def test_config_dtype_healthy_another_failing():
     assert verdict.startswith("float32, the config's dtype, stayed finite") and verdict.endswith(
         "keep float32"
     )
+
+
+def test_a_survivor_that_does_not_train_is_not_the_dtype_to_switch_to():
+    """bfloat16 stayed finite where float16 failed, at a loss of 46720 beside float32's
+    0.139: "switch autocast to bfloat16; its loss stayed within 9.1e+04 of float32's"."""
+    fp16 = run("float16", "nonfinite", 40, headroom=1.0)
+    bf16 = replace(run("bfloat16", drift=9.1e4), final_loss=46720.0)
+    fp32 = replace(run("float32", drift=0.0), final_loss=0.139)
+    verdict = compare_verdict([fp16, bf16, fp32], "float16", 400)
+    assert verdict.startswith("float32 survived all 400 steps where float16 went non-finite")
+    assert "bfloat16's loss ended 3.36e+05x above float32's (4.67e+04 against 0.139)" in verdict
+    assert verdict.endswith("keep the failing part of the model in float32")
+    assert "switch autocast to bfloat16" not in verdict and "stayed within" not in verdict
+
+
+def test_all_finite_but_one_dtype_far_behind_is_said_and_not_advised():
+    fp16 = replace(run("float16", headroom=0.8), final_loss=1.97)
+    bf16 = replace(run("bfloat16"), final_loss=86.8)
+    verdict = compare_verdict([fp16, bf16], "float16", 100)
+    assert "consider bfloat16" not in verdict
+    assert verdict.endswith(
+        "but bfloat16's loss ended 44.1x above float16's (86.8 against 1.97): it stays finite "
+        "but does not train as well here"
+    )
+    near = replace(bf16, final_loss=3.0)  # within 10x: not weighed
+    assert "consider bfloat16" in compare_verdict([fp16, near], "float16", 100)

@@ -11,6 +11,9 @@ from __future__ import annotations
 from nandoctor.report.comparison import CompareRun
 
 HEADROOM_WARNING = 0.5  # a peak above half of 65504 leaves little room
+# a finite run whose final loss ends this many times the best finite run's does not train
+# there: it is never the dtype to switch to (bfloat16 finite at 46720 beside float32 at 0.14)
+FAR_BEHIND = 10.0
 
 
 def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> str:
@@ -25,7 +28,7 @@ def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> st
         failed = ", ".join(_failed_at(r) for r in others if r.status == "nonfinite")
         return f"{base.dtype}, the config's dtype, stayed finite for all {steps} steps; {failed}: keep {base.dtype}"  # noqa: E501
     if survivors:
-        return _switch(base, _preferred(survivors), steps)
+        return _switch(base, survivors, steps)
     failures = ", ".join(f"{r.dtype} at step {r.first_nonfinite_step}" for r in runs)
     later = [r for r in others if (r.first_nonfinite_step or 0) > (base.first_nonfinite_step or 0)]
     delay = f"; {later[0].dtype} only delays it" if later else ""
@@ -37,18 +40,52 @@ def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> st
 
 def _all_healthy(base: CompareRun, others: list[CompareRun], steps: int) -> str:
     sentence = f"every dtype stayed finite for all {steps} steps"
+    behind = _behind([base, *others])
     tight = _headroom_clause(base)
-    if tight and base.dtype == "float16":
+    if tight and base.dtype == "float16" and not any(r.dtype == "bfloat16" for r in behind):
         sentence += f", but {tight}: little headroom left, consider bfloat16"
     drifts = [
         f"{r.dtype} within {r.max_abs_loss_diff_vs_reference:.3g}"
         for r in [base, *others]
         if r.max_abs_loss_diff_vs_reference  # None without float32; 0 for float32 itself
     ]
-    return sentence + (f"; loss against float32: {', '.join(drifts)}" if drifts else "")
+    sentence += f"; loss against float32: {', '.join(drifts)}" if drifts else ""
+    trails = [_trails(r, [base, *others]) for r in behind]
+    return sentence + (f"; but {'; '.join(trails)}" if trails else "")
 
 
-def _switch(base: CompareRun, survivor: CompareRun, steps: int) -> str:
+def _behind(runs: list[CompareRun]) -> list[CompareRun]:
+    """The finite runs whose final loss ended `FAR_BEHIND` times above the best one's."""
+    best = _best(runs)
+    if best is None:
+        return []
+    return [r for r in runs if _loss(r) and _loss(r) >= FAR_BEHIND * _loss(best)]
+
+
+def _best(runs: list[CompareRun]) -> CompareRun | None:
+    finite = [r for r in runs if r.status == "healthy" and _loss(r)]
+    return min(finite, key=_loss) if len(finite) > 1 else None
+
+
+def _loss(run: CompareRun) -> float:
+    """The final loss of a finite run, when it can be weighed against another (> 0)."""
+    loss = run.final_loss if run.status == "healthy" else None
+    return loss if loss is not None and loss > 0 else 0.0
+
+
+def _trails(run: CompareRun, runs: list[CompareRun]) -> str:
+    best = _best(runs)
+    assert best is not None
+    ratio = _loss(run) / _loss(best)
+    return (
+        f"{run.dtype}'s loss ended {ratio:.3g}x above {best.dtype}'s ({run.final_loss:.3g} "
+        f"against {best.final_loss:.3g}): it stays finite but does not train as well here"
+    )
+
+
+def _switch(base: CompareRun, survivors: list[CompareRun], steps: int) -> str:
+    behind = _behind(survivors)
+    survivor = _preferred([r for r in survivors if r not in behind] or survivors)
     sentence = f"{survivor.dtype} survived all {steps} steps where {_failed_at(base)}"
     # NB: only float16's share of 65504 explains a failure; other dtypes' is a forecast
     tight = _headroom_clause(base) if base.dtype == "float16" else None
@@ -58,6 +95,9 @@ def _switch(base: CompareRun, survivor: CompareRun, steps: int) -> str:
         "bfloat16": "switch autocast to bfloat16 (8 exponent bits: the range of float32)",
         "float32": "only float32 survived: keep the failing part of the model in float32",
     }.get(survivor.dtype, f"switch to {survivor.dtype}")
+    if behind and survivor.dtype == "float32":
+        advice = "keep the failing part of the model in float32"
+    sentence += "".join(f"; {_trails(r, survivors)}" for r in behind)
     sentence += f": {advice}"
     if base.first_nonfinite_phase == "loss":
         sentence += (
@@ -66,7 +106,7 @@ def _switch(base: CompareRun, survivor: CompareRun, steps: int) -> str:
             "rarer, not impossible; `nandoctor diagnose` names it"
         )
     drift = survivor.max_abs_loss_diff_vs_reference
-    if drift is not None and survivor.dtype != "float32":
+    if drift is not None and survivor.dtype != "float32" and survivor not in behind:
         sentence += f"; its loss stayed within {drift:.3g} of float32's"
     return sentence
 
