@@ -54,6 +54,10 @@ def test_a_failure_in_the_loss_points_at_the_loss_too():
     assert "or fix the loss" in verdict and "`nandoctor diagnose` names it" in verdict
     runs = [run("float16", "nonfinite", 51), run("bfloat16")]
     assert "fix the loss" not in compare_verdict(runs, "float16", 2000)
+    # a bfloat16 config's float16 run outlived it: float16 is no wider (it said so)
+    runs = [run("bfloat16", "nonfinite", 16, phase="loss"), run("float16")]
+    verdict = compare_verdict(runs, "bfloat16", 400)
+    assert "wider" not in verdict and "which another dtype only makes rarer" in verdict
 
 
 def test_every_dtype_failing_means_the_dtype_is_not_the_cause():

@@ -102,8 +102,8 @@ def _switch(base: CompareRun, survivors: list[CompareRun], steps: int) -> str:
     if base.first_nonfinite_phase == "loss":
         sentence += (
             ", or fix the loss: a failure in the loss phase is most often its math (a log "
-            "of a softmax that underflowed, a division by a sum), which a wider dtype makes "
-            "rarer, not impossible; `nandoctor diagnose` names it"
+            "of a softmax that underflowed, a division by a sum), which another dtype only "
+            "makes rarer, not impossible; `nandoctor diagnose` names it"
         )
     drift = survivor.max_abs_loss_diff_vs_reference
     if drift is not None and survivor.dtype != "float32" and survivor not in behind:
