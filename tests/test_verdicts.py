@@ -68,6 +68,18 @@ def test_every_dtype_failing_means_the_dtype_is_not_the_cause():
     assert "bfloat16 only delays it" in verdict and "the dtype is not the cause" in verdict
 
 
+def test_a_dtype_failing_far_sooner_than_the_others_is_a_failure_of_its_own():
+    """float16 died of its range at step 0, bfloat16 and float32 of a learning-rate ramp
+    at 116 and 117: "bfloat16 only delays it: the dtype is not the cause" was half wrong
+    (fixing the rate alone leaves float16 dead at step 0)."""
+    runs = [run("float16", "nonfinite", 0), run("bfloat16", "nonfinite", 116),
+            run("float32", "nonfinite", 117)]  # fmt: skip
+    verdict = compare_verdict(runs, "float16", 300)
+    assert verdict.startswith("every dtype went non-finite (float16 at step 0, bfloat16 at")
+    assert "float16 10x sooner: two failures" in verdict and "the dtype is not" not in verdict
+    assert "`--dtype bf16` for the later one" in verdict
+
+
 def test_all_healthy_with_little_headroom_warns():
     verdict = compare_verdict([run("float16", headroom=0.8), run("bfloat16")], "float16", 100)
     assert verdict.startswith(

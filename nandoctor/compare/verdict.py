@@ -31,11 +31,23 @@ def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> st
         return _switch(base, survivors, steps)
     failures = ", ".join(f"{r.dtype} at step {r.first_nonfinite_step}" for r in runs)
     later = [r for r in others if (r.first_nonfinite_step or 0) > (base.first_nonfinite_step or 0)]
+    first, last = base.first_nonfinite_step or 0, max(r.first_nonfinite_step or 0 for r in runs)
+    if later and last >= FAR_BEHIND * max(first, 1):
+        return (
+            f"every dtype went non-finite ({failures}), {base.dtype} {FAR_BEHIND:g}x sooner: "
+            f"two failures, {base.dtype}'s own (its range or precision, which "
+            f"{later[0].dtype} outlived) and one every dtype meets later; run `nandoctor "
+            f"diagnose` for each (`--dtype {_ALIASES.get(later[0].dtype, later[0].dtype)}` "
+            "for the later one)"
+        )
     delay = f"; {later[0].dtype} only delays it" if later else ""
     return (
         f"every dtype went non-finite ({failures}){delay}: the dtype is not the cause, so "
         "changing it will not help; run `nandoctor diagnose` for the cause"
     )
+
+
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def _all_healthy(base: CompareRun, others: list[CompareRun], steps: int) -> str:
