@@ -48,6 +48,26 @@ def test_a_pass_says_which_modules_it_could_not_compare():
     assert same.checks[0].message.endswith("the baseline's")
 
 
+def test_a_layer_inserted_into_a_sequential_is_not_gated_as_the_one_whose_path_it_took():
+    """A Linear inserted at "2" took the old head's path and type: its peak of 2001 was
+    compared with the head's 1501 (1.33x, a pass). Its size tells it apart: not in the
+    baseline, its peak above 1/64 of float16's range fails."""
+
+    def sized(h: Health, params: int) -> Health:
+        return replace(h, modules=[replace(m, params=params if m.module == "2" else 10)
+                                   for m in h.modules])  # fmt: skip
+
+    base = sized(health(level=1501.0), params=51)
+    inserted = sized(health(level=2001.0), params=272)
+    gate = compare_to_baseline(inserted, base, "b.json", Tolerances(), "float16")
+    assert "2 (Linear) activations peaked at 2001" in failed(gate)["headroom loss"]
+    assert "not measured in the baseline" in failed(gate)["headroom loss"]
+    same = sized(health(level=2001.0), params=51)  # the same head, grown 1.33x: a pass
+    assert compare_to_baseline(same, base, "b.json", Tolerances(), "float16").passed
+    old = health(level=1501.0)  # a baseline recorded before sizes: matched by path and type
+    assert compare_to_baseline(inserted, old, "b.json", Tolerances(), "float16").passed
+
+
 def test_growth_far_from_the_limit_is_not_a_regression():
     """The false alarm this gate was rebuilt for: 2x activations at 16 of 65504."""
     grown = health(scale=2.0, p90=2.5, loss=0.9, grad=3.0)

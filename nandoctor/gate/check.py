@@ -110,7 +110,7 @@ def _headroom_loss(
     floor = tol.headroom_floor * top
     lost = []
     for now in current.modules:
-        then = baseline.module(now.module)
+        then = baseline.counterpart(now)
         for kind in kinds:
             a = _peak(now, kind)
             if a is None or (math.isfinite(a) and a < floor):
@@ -146,12 +146,10 @@ def _headroom_loss(
 def _uncompared(current: Health, baseline: Health) -> str:
     """What a pass did not compare: a model that gained or lost layers is gated on the
     modules both have, and the reader should know the rest was not."""
-    ours = {m.module for m in current.modules}
-    theirs = {m.module for m in baseline.modules}
     parts = []
-    if new := len(ours - theirs):
+    if new := sum(baseline.counterpart(m) is None for m in current.modules):
         parts.append(f"{new} of this run's modules not in the baseline")
-    if gone := len(theirs - ours):
+    if gone := sum(current.counterpart(m) is None for m in baseline.modules):
         parts.append(f"{gone} of the baseline's not in this run")
     return f" ({', '.join(parts)}: re-record the baseline to gate them)" if parts else ""
 
@@ -163,7 +161,7 @@ def _peak(module: ModuleHealth, kind: str) -> float | None:
 def _modules(current: Health, baseline: Health, tol: Tolerances, kind: str, limit: float) -> Check:
     grown = []
     for now in current.modules:
-        then = baseline.module(now.module)
+        then = baseline.counterpart(now)
         a, b = _peak(now, kind), _peak(then, kind) if then else None
         if a is None or b is None or max(a, b) < tol.min_magnitude:
             continue

@@ -30,6 +30,7 @@ class Headroom:
     gradient_absmax: float | None = None
     gradient_step: int | None = None
     order: int = 0  # when its output was first seen: forward execution order
+    params: int | None = None  # its own parameters' elements: tells a layer from another
 
     @property
     def activation_fraction(self) -> float:
@@ -51,6 +52,16 @@ class ModuleHealth:
     activation_absmax: float
     gradient_absmax: float | None = None
     order: int = 0  # forward execution order: where a regression starts
+    # its own parameters' elements (None: recorded before baselines kept them): a layer
+    # inserted into an nn.Sequential takes an old one's path, rarely its size
+    params: int | None = None
+
+    def same_as(self, other: ModuleHealth) -> bool:
+        """The same module of the same model: path, type and, where both know it, size."""
+        sized = self.params is not None and other.params is not None
+        return (self.module, self.type) == (other.module, other.type) and (
+            not sized or self.params == other.params
+        )
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,10 @@ class Health:
     def module(self, path: str) -> ModuleHealth | None:
         return next((m for m in self.modules if m.module == path), None)
 
+    def counterpart(self, other: ModuleHealth) -> ModuleHealth | None:
+        """This run's module that is `other` (`ModuleHealth.same_as`), if any."""
+        return next((m for m in self.modules if m.same_as(other)), None)
+
 
 def health_of(telemetry: Telemetry, events: list[Event], peaks: list[Headroom]) -> Health:
     grads = sorted(g for g in telemetry.grad_norm if g is not None and math.isfinite(g))
@@ -95,7 +110,9 @@ def health_of(telemetry: Telemetry, events: list[Event], peaks: list[Headroom]) 
         headroom_module=top.module if top else None,
         modules=sorted(
             (
-                ModuleHealth(h.module, h.type, h.activation_absmax, h.gradient_absmax, h.order)
+                ModuleHealth(
+                    h.module, h.type, h.activation_absmax, h.gradient_absmax, h.order, h.params
+                )
                 for h in peaks
             ),
             key=lambda m: m.module,

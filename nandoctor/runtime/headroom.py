@@ -59,6 +59,10 @@ class HeadroomProbe(Probe):
         self._acts: dict[str, _Peak] = {}
         self._grads: dict[str, _Peak] = {}
         self._types = {name: class_name(m) for name, m in model.named_modules()}
+        self._sizes = {
+            name: sum(p.numel() for p in m.parameters(recurse=False))
+            for name, m in model.named_modules()
+        }
         self._handles: list[Any] = []
         self._step = torch.zeros((), dtype=torch.int64)
 
@@ -98,7 +102,7 @@ class HeadroomProbe(Probe):
         values = _read([self._acts[n] for n in names])
         grads = _read([self._grads.get(n) or _Peak() for n in names])
         out = [
-            Headroom(n, self._types.get(n, "?"), a[0], a[1], g[0], g[1], order)
+            Headroom(n, self._types.get(n, "?"), a[0], a[1], g[0], g[1], order, self._sizes.get(n))
             for order, (n, a, g) in enumerate(zip(names, values, grads, strict=True))
         ]
         return sorted(out, key=lambda h: -h.peak_fraction)
