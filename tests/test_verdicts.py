@@ -80,6 +80,17 @@ def test_a_dtype_failing_far_sooner_than_the_others_is_a_failure_of_its_own():
     assert "`--dtype bf16` for the later one" in verdict
 
 
+def test_the_grad_scalers_scaled_gradients_are_no_lost_headroom():
+    """A gradient at 67% of 65504 at step 0 is 0.668 times the initial scale of 65536: the
+    scaler calibrating itself, with activations at 12%; it warned of little headroom."""
+    scaled = Headroom("head", "Linear", 0.12 * 65504, 0, 0.67 * 65504, 0)
+    fp16 = replace(run("float16"), headroom=[scaled])  # run() has a GradScaler for float16
+    verdict = compare_verdict([fp16, run("bfloat16")], "float16", 100)
+    assert "headroom" not in verdict and "67%" not in verdict
+    unscaled = replace(fp16, grad_scaler=False)  # a float16 run without one: its own
+    assert "gradient was at 67%" in compare_verdict([unscaled, run("bfloat16")], "float16", 100)
+
+
 def test_all_healthy_with_little_headroom_warns():
     verdict = compare_verdict([run("float16", headroom=0.8), run("bfloat16")], "float16", 100)
     assert verdict.startswith(

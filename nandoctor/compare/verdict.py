@@ -8,7 +8,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nandoctor.report.comparison import CompareRun
+from nandoctor.report.health import Headroom
 
 HEADROOM_WARNING = 0.5  # a peak above half of 65504 leaves little room
 # a finite run whose final loss ends this many times the best finite run's does not train
@@ -48,6 +51,10 @@ def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> st
 
 
 _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _unscaled(h: Headroom) -> Headroom:
+    return replace(h, gradient_absmax=None, gradient_step=None)
 
 
 def _all_healthy(base: CompareRun, others: list[CompareRun], steps: int) -> str:
@@ -134,9 +141,14 @@ def _failed_at(run: CompareRun) -> str:
 
 
 def _headroom_clause(run: CompareRun) -> str | None:
-    if not run.headroom or run.headroom[0].peak_fraction < HEADROOM_WARNING:
+    """How near float16's limit the run came, where it says something: with a GradScaler
+    the gradients carry its scale (0.67 x 65536 at step 0 is the scaler calibrating, not
+    headroom), so activations alone, as the baseline gate reads them."""
+    peaks = [_unscaled(h) for h in run.headroom] if run.grad_scaler else run.headroom
+    peaks = sorted(peaks, key=lambda h: -h.peak_fraction)
+    if not peaks or peaks[0].peak_fraction < HEADROOM_WARNING:
         return None
-    h = run.headroom[0]
+    h = peaks[0]
     grad = (h.gradient_fraction or 0) > h.activation_fraction
     kind, step = ("gradient", h.gradient_step) if grad else ("activation", h.activation_step)
     fraction = min(h.peak_fraction, 1.0)
