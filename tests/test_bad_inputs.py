@@ -182,6 +182,14 @@ def test_a_report_path_that_cannot_be_written(folder, where):
     assert result.exit_code == 2 and "--json" in result.output
 
 
+def invoke_on_a_project(folder, args: list[str]):
+    """`args` run on a healthy config and its train.py in `folder` ({config}, {train})."""
+    (folder / "config.yaml").write_text(BASE)
+    (folder / "train.py").write_text(TRAIN_PY)
+    args = [a.format(config=folder / "config.yaml", train=folder / "train.py") for a in args]
+    return args, runner.invoke(app, args)
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -198,10 +206,7 @@ def test_a_report_path_that_cannot_be_written(folder, where):
 def test_an_empty_report_path_is_refused_before_the_run(folder, args):
     """`--json "$REPORT"` with the variable unset: the job must not pass without its
     report (it was silently not written), nor fail only after the whole run."""
-    (folder / "config.yaml").write_text(BASE)
-    (folder / "train.py").write_text(TRAIN_PY)
-    args = [a.format(config=folder / "config.yaml", train=folder / "train.py") for a in args]
-    result = runner.invoke(app, args)
+    args, result = invoke_on_a_project(folder, args)
     assert result.exit_code == 2, result.output
     option = args[-2]
     assert f"error: {option}: expected a" in result.output, result.output
@@ -224,10 +229,7 @@ def test_an_option_taken_for_a_report_path_is_refused_before_the_run(folder, arg
     """`--junit $REPORT --fail-on-divergence` with REPORT unset and unquoted: the option
     became the report's path, and the job lost its gate and passed (exit 0)."""
     monkeypatch.chdir(folder)
-    (folder / "config.yaml").write_text(BASE)
-    (folder / "train.py").write_text(TRAIN_PY)
-    args = [a.format(config=folder / "config.yaml", train=folder / "train.py") for a in args]
-    result = runner.invoke(app, args)
+    args, result = invoke_on_a_project(folder, args)
     assert result.exit_code == 2, result.output
     option, value = args[-2:]
     assert f"error: {option}: got the option '{value}' where a path was expected" in result.output
