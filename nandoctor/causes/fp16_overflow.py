@@ -11,6 +11,7 @@ from nandoctor.causes.unit import CauseUnit, Change, Fix, Hit, entry
 from nandoctor.causes.words import OVERFLOWED, num, where
 
 ID = "fp16-overflow"
+EXP_FLOAT16 = 11.09  # ln(65504): exp overflows float16 above it
 
 INFO = entry(
     ID,
@@ -115,9 +116,6 @@ def _exponential(case: Case) -> tuple[str, str | None] | None:
         if p.feeds == biggest.name and op_base(p.op) == "exp":
             return p.op, p.source
     return None
-
-
-EXP_FLOAT16 = 11.09  # ln(65504): exp overflows float16 above it
 
 
 EXPONENTIALS = frozenset({"exp", "exp2", "expm1", "pow", "cosh", "sinh"})

@@ -38,6 +38,11 @@ class Replay(str, Enum):
     NOT_REPLAYED = "not-replayed"  # no fix to apply, nothing rewritten, or no time left
 
 
+# a finite run whose loss ends this many times another's does not train as that one does:
+# a fix that left it there trails the other fix (`Replay.BEHIND`), and `compare` never
+# switches to a dtype that left it there (bfloat16 finite at 46720 beside float32 at 0.14)
+FAR_BEHIND = 10.0
+
 # (tier, factor on the confidence): the tier orders, the factor shows it in the number
 _STANDING = {
     Replay.HELD: (0, 1.0),

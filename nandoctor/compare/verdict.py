@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from nandoctor.causes.ranking import FAR_BEHIND
 from nandoctor.report.comparison import CompareRun
 from nandoctor.report.health import Headroom
 
 HEADROOM_WARNING = 0.5  # a peak above half of 65504 leaves little room
-# a finite run whose final loss ends this many times the best finite run's does not train
-# there: it is never the dtype to switch to (bfloat16 finite at 46720 beside float32 at 0.14)
-FAR_BEHIND = 10.0
+# every dtype failed, the config's this many times sooner than another: two failures
+SOONER = 10.0
 
 
 def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> str:
@@ -35,9 +35,9 @@ def compare_verdict(runs: list[CompareRun], config_dtype: str, steps: int) -> st
     failures = ", ".join(f"{r.dtype} at step {r.first_nonfinite_step}" for r in runs)
     later = [r for r in others if (r.first_nonfinite_step or 0) > (base.first_nonfinite_step or 0)]
     first, last = base.first_nonfinite_step or 0, max(r.first_nonfinite_step or 0 for r in runs)
-    if later and last >= FAR_BEHIND * max(first, 1):
+    if later and last >= SOONER * max(first, 1):
         return (
-            f"every dtype went non-finite ({failures}), {base.dtype} {FAR_BEHIND:g}x sooner: "
+            f"every dtype went non-finite ({failures}), {base.dtype} {SOONER:g}x sooner: "
             f"two failures, {base.dtype}'s own (its range or precision, which "
             f"{later[0].dtype} outlived) and one every dtype meets later; run `nandoctor "
             f"diagnose` for each (`--dtype {_ALIASES.get(later[0].dtype, later[0].dtype)}` "

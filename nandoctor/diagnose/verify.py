@@ -40,7 +40,7 @@ import torch
 
 from nandoctor.causes.case import Case
 from nandoctor.causes.index import FIXES
-from nandoctor.causes.ranking import Replay, rerank
+from nandoctor.causes.ranking import FAR_BEHIND, Replay, rerank
 from nandoctor.causes.unit import Change, Fix, fixes_for
 from nandoctor.causes.words import OVERFLOWED, num, plural
 from nandoctor.diagnose.learning import learning_of
@@ -58,7 +58,6 @@ from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 MIN_HORIZON = 32
-FAR_BEHIND = 10.0  # a held fix whose run ended this many times above another's trails it
 # NB: loaded weights are zeroed as they are loaded: that fix is replayed from the run's start
 FROM_START = frozenset({Change.ZERO_NONFINITE_WEIGHTS})
 

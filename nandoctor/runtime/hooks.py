@@ -88,7 +88,7 @@ LIGHT_AFTER = 2  # steps with the model as their only root forward, before the l
 # Said once, when a step clips gradients that still carry the loss scale (the report's
 # clip-before-unscale says it again, with a failure)
 CLIP_BEFORE_UNSCALE = (
-    "nandoctor: step {step} clipped the gradients before scaler.unscale_(optimizer): the "
+    "step {step} clipped the gradients before scaler.unscale_(optimizer): the "
     "clip compared its threshold with the norm times the loss scale (65536 at the start), "
     "so every update is that much smaller than meant; call scaler.unscale_(optimizer) "
     "right before clip_grad_norm_ (clip-before-unscale)"
@@ -359,7 +359,8 @@ class StepHooks:
         if ctx.grad_scale is not None and not self._unscaled and self.run.clipped_scaled is None:
             self.run.clipped_scaled = ctx.step
             if self._warn:
-                warnings.warn(CLIP_BEFORE_UNSCALE.format(step=ctx.step), stacklevel=4)
+                said = CLIP_BEFORE_UNSCALE.format(step=ctx.step)
+                warnings.warn(f"nandoctor: {said}", stacklevel=4)
 
     def unscaled(self) -> None:
         self._unscaled = True

@@ -162,9 +162,7 @@ def _report(
         result, env, facts = first.result, first.environment, first.facts
     if facts is not None and facts.clipped_scaled is not None and result.failure is None:
         # NB: a healthy run has no causes: the loop's clip-before-unscale is said here
-        notes.append(
-            CLIP_BEFORE_UNSCALE.format(step=facts.clipped_scaled).removeprefix("nandoctor: ")
-        )
+        notes.append(CLIP_BEFORE_UNSCALE.format(step=facts.clipped_scaled))
     if code != 0 and result.failure is None and code != INTERRUPTED_CODE:
         died = f": it raised {raised}" if raised is not None else ""
         notes.append(f"the command exited with code {code}{died}")
