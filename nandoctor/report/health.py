@@ -83,9 +83,6 @@ class Health:
     headroom_module: str | None
     modules: list[ModuleHealth] = field(default_factory=list)  # sorted by path: diff-friendly
 
-    def module(self, path: str) -> ModuleHealth | None:
-        return next((m for m in self.modules if m.module == path), None)
-
     def counterpart(self, other: ModuleHealth) -> ModuleHealth | None:
         """This run's module that is `other` (`ModuleHealth.same_as`), if any."""
         return next((m for m in self.modules if m.same_as(other)), None)
