@@ -3,12 +3,16 @@ same loop as diagnose, and says which survived."""
 
 from __future__ import annotations
 
+import io
 import json
 
+from rich.console import Console
+
 from nandoctor.compare.engine import compare
+from nandoctor.render.compare import render_comparison
 from nandoctor.report.comparison import Comparison
 from nandoctor.setup.load import load_config
-from tests.conftest import CONFIGS, base_config
+from tests.conftest import CONFIGS, TRAIN_PY, base_config
 
 RECORDING = """
 import hashlib
@@ -67,6 +71,42 @@ def test_fp16_overflow_example_bf16_survives_where_fp16_fails():
     assert fp16.headroom[0].peak_fraction > 0.5  # it was near 65504 when it failed
     assert comparison.verdict.startswith("bfloat16 survived all")
     assert "switch autocast to bfloat16" in comparison.verdict
+
+
+# The second layer's output leaves float16's range at step 0 (a bias of 70000): all inf,
+# so its finite peak is 0%; the first layer's is the largest finite one
+OVERFLOWS = """
+import torch
+from torch import nn
+
+
+def build_model():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 3))
+    with torch.no_grad():
+        model[0].bias.fill_(4.0)
+        model[1].bias.fill_(7e4)
+    return model
+"""
+
+
+def test_the_headroom_names_the_module_that_went_non_finite_not_the_largest_finite_peak(
+    project,
+):
+    path = project(base_config(precision={"dtype": "float16"}, steps=3), TRAIN_PY + OVERFLOWS)
+    comparison = compare(load_config(path), ["bf16"])
+    fp16 = comparison.run("float16")
+    assert (fp16.first_nonfinite_step, fp16.first_nonfinite_phase) == (0, "forward")
+    assert fp16.headroom[0].module == "0"  # the largest finite peak: not where it broke
+    assert fp16.nonfinite_module == "1"
+    assert "float16 went non-finite at step 0 (phase forward), first in the output of 1" in (
+        comparison.verdict
+    )
+    assert "of float16's range in 0" not in comparison.verdict
+    out = io.StringIO()
+    render_comparison(Console(file=out, width=200), comparison)
+    assert "non-finite in 1 at step 0" in out.getvalue() and "% in 0" not in out.getvalue()
+    read_back = Comparison.from_dict(json.loads(comparison.to_json())).run("float16")
+    assert (read_back.nonfinite_module, read_back.headroom) == ("1", fp16.headroom)
 
 
 def test_seed_example_fails_in_every_dtype_so_the_dtype_is_not_the_cause():

@@ -18,7 +18,8 @@ from nandoctor.compare.verdict import compare_verdict
 from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparison
 from nandoctor.report.types import Tool
 from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run, snapshot_store
-from nandoctor.runtime.headroom import HeadroomProbe
+from nandoctor.runtime.headroom import HeadroomProbe, went_nonfinite_in
+from nandoctor.runtime.probe import Phase
 from nandoctor.setup import distributed
 from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, resolve_device
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
@@ -127,6 +128,10 @@ def _summary(name: str, session: Session, result: RunResult, headroom: HeadroomP
     failure = result.failure
     finite = [v for v in result.telemetry.loss if v == v and abs(v) != float("inf")]
     times = result.step_seconds[1:] or result.step_seconds  # the first step warms up
+    peaks = headroom.peaks()
+    broke = None
+    if failure is not None and failure.phase is Phase.FORWARD and failure.step is not None:
+        broke = went_nonfinite_in(peaks, failure.step)
     return CompareRun(
         dtype=name,
         grad_scaler=session.scaler is not None,
@@ -137,8 +142,9 @@ def _summary(name: str, session: Session, result: RunResult, headroom: HeadroomP
         final_loss=finite[-1] if finite else None,
         max_abs_loss_diff_vs_reference=None,
         step_time_ms=round(statistics.median(times) * 1000, 3) if times else None,
-        headroom=headroom.peaks()[:TOP_MODULES],
+        headroom=peaks[:TOP_MODULES],
         telemetry=result.telemetry,
+        nonfinite_module=broke.module if broke is not None else None,
     )
 
 

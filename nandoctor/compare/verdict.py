@@ -106,8 +106,9 @@ def _switch(base: CompareRun, survivors: list[CompareRun], steps: int) -> str:
     behind = _behind(survivors)
     survivor = _preferred([r for r in survivors if r not in behind] or survivors)
     sentence = f"{survivor.dtype} survived all {steps} steps where {_failed_at(base)}"
-    # NB: only float16's share of 65504 explains a failure; other dtypes' is a forecast
-    tight = _headroom_clause(base) if base.dtype == "float16" else None
+    # NB: only float16's share of 65504 explains a failure; other dtypes' is a forecast.
+    # Where the module that went non-finite is known, only its own peak does
+    tight = _headroom_clause(base, base.nonfinite_module) if base.dtype == "float16" else None
     if tight:
         sentence += f"; {tight}"
     advice = {
@@ -137,14 +138,20 @@ def _preferred(survivors: list[CompareRun]) -> CompareRun:
 
 def _failed_at(run: CompareRun) -> str:
     phase = f" (phase {run.first_nonfinite_phase})" if run.first_nonfinite_phase else ""
-    return f"{run.dtype} went non-finite at step {run.first_nonfinite_step}{phase}"
+    where = ""
+    if run.nonfinite_module is not None:
+        where = f", first in the output of {run.nonfinite_module or '(root)'}"
+    return f"{run.dtype} went non-finite at step {run.first_nonfinite_step}{phase}{where}"
 
 
-def _headroom_clause(run: CompareRun) -> str | None:
+def _headroom_clause(run: CompareRun, module: str | None = None) -> str | None:
     """How near float16's limit the run came, where it says something: with a GradScaler
     the gradients carry its scale (0.67 x 65536 at step 0 is the scaler calibrating, not
-    headroom), so activations alone, as the baseline gate reads them."""
+    headroom), so activations alone, as the baseline gate reads them. `module`: that
+    module's peak only (another's high peak does not explain where the run broke)."""
     peaks = [_unscaled(h) for h in run.headroom] if run.grad_scaler else run.headroom
+    if module is not None:
+        peaks = [h for h in peaks if h.module == module]
     peaks = sorted(peaks, key=lambda h: -h.peak_fraction)
     if not peaks or peaks[0].peak_fraction < HEADROOM_WARNING:
         return None

@@ -68,6 +68,9 @@ def _headroom(run: CompareRun) -> str:
     """Only where the dtype can overflow: bfloat16 and float32 reach 3.4e38."""
     if not run.headroom or run.dtype != "float16":
         return "-"
+    if run.nonfinite_module is not None:
+        broke = run.nonfinite_module or "(root)"
+        return escape(f"non-finite in {broke} at step {run.first_nonfinite_step}")
     h = run.headroom[0]
     return escape(f"{min(h.peak_fraction, 1.0):.0%} in {h.module or '(root)'}")
 

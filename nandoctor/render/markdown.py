@@ -46,6 +46,9 @@ def _headroom(run: CompareRun) -> str:
     """Only where the dtype can overflow: bfloat16 and float32 reach 3.4e38."""
     if not run.headroom or run.dtype != "float16":
         return "-"
+    if run.nonfinite_module is not None:
+        broke = run.nonfinite_module or "(root)"
+        return f"non-finite in `{broke}` at step {run.first_nonfinite_step}"
     top = run.headroom[0]
     return f"{top.peak_fraction:.0%} in `{top.module or '(root)'}`"
 

@@ -35,6 +35,9 @@ class CompareRun:
     step_time_ms: float | None  # median
     headroom: list[Headroom] = field(default_factory=list)  # the 5 modules nearest 65504
     telemetry: Telemetry = field(default_factory=Telemetry)
+    # a forward that went non-finite: the module whose output did first (its finite peak,
+    # 0% for an output all inf, is no measure of it; `runtime.headroom.went_nonfinite_in`)
+    nonfinite_module: str | None = None
 
 
 @dataclass

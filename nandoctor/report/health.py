@@ -31,6 +31,9 @@ class Headroom:
     gradient_step: int | None = None
     order: int = 0  # when its output was first seen: forward execution order
     params: int | None = None  # its own parameters' elements: tells a layer from another
+    # the first step its output held a non-finite value, which the peaks leave out (an
+    # output that overflowed float16 is inf: its finite peak can be 0)
+    nonfinite_step: int | None = None
 
     @property
     def activation_fraction(self) -> float:

@@ -28,26 +28,31 @@ from nandoctor.runtime.tensors import floating
 
 
 class _Peak:
-    """A running max of finite |x| and the step that set it, on the device."""
+    """A running max of finite |x| and the step that set it, on the device; and the first
+    step whose values held a non-finite one (-1: none yet), which the max leaves out."""
 
     def __init__(self) -> None:
         self.value: torch.Tensor | None = None
         self.step: torch.Tensor | None = None
+        self.first_nonfinite: torch.Tensor | None = None
 
     def update(self, t: torch.Tensor, step: torch.Tensor) -> None:
         x = t.detach()
         if x.numel() == 0:
             return
-        peak = torch.where(
-            torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype, device=x.device)
-        )
+        finite = torch.isfinite(x)
+        peak = torch.where(finite, x.abs(), torch.zeros((), dtype=x.dtype, device=x.device))
         peak = peak.max().float()
-        if self.value is None or self.step is None:
+        bad = ~finite.all()
+        if self.value is None or self.step is None or self.first_nonfinite is None:
             self.value, self.step = peak, step.clone()
+            self.first_nonfinite = torch.where(bad, step, torch.full_like(step, -1))
             return
         higher = peak > self.value
         self.value = torch.maximum(self.value, peak)
         self.step = torch.where(higher, step, self.step)
+        first = bad & (self.first_nonfinite < 0)
+        self.first_nonfinite = torch.where(first, step, self.first_nonfinite)
 
 
 class HeadroomProbe(Probe):
@@ -102,22 +107,40 @@ class HeadroomProbe(Probe):
         values = _read([self._acts[n] for n in names])
         grads = _read([self._grads.get(n) or _Peak() for n in names])
         out = [
-            Headroom(n, self._types.get(n, "?"), a[0], a[1], g[0], g[1], order, self._sizes.get(n))
+            Headroom(
+                n, self._types.get(n, "?"), a[0], a[1], g[0], g[1], order, self._sizes.get(n), a[2]
+            )
             for order, (n, a, g) in enumerate(zip(names, values, grads, strict=True))
         ]
         return sorted(out, key=lambda h: -h.peak_fraction)
 
 
-def _read(peaks: list[_Peak]) -> list[tuple[Any, Any]]:
-    present = [p.value for p in peaks if p.value is not None]
-    if not present:
-        return [(None, None)] * len(peaks)
-    device = present[0].device
-    no_value = torch.tensor(float("nan"), device=device)
-    no_step = torch.tensor(-1, dtype=torch.int64, device=device)
-    values = torch.stack([p.value if p.value is not None else no_value for p in peaks]).tolist()
-    steps = torch.stack([p.step if p.step is not None else no_step for p in peaks]).tolist()
-    return [
-        (None, None) if p.value is None else (v, int(s))
-        for p, v, s in zip(peaks, values, steps, strict=True)
+def went_nonfinite_in(peaks: list[Headroom], step: int) -> Headroom | None:
+    """The module where a forward that went non-finite at `step` did: the first, in the
+    forward's order, whose output held a non-finite value for the first time then. Its
+    finite peak says nothing (an output that overflowed is all inf: a peak of 0%).
+
+    NB: first for the module, not only at `step`: a module that outputs -inf every step
+    (an additive mask it builds) went non-finite at step 0, harmlessly; at a failure of
+    step 0 it is named all the same."""
+    broke = [h for h in peaks if h.nonfinite_step == step]
+    return min(broke, key=lambda h: h.order, default=None)
+
+
+def _read(peaks: list[_Peak]) -> list[tuple[Any, Any, Any]]:
+    """Each peak's value, its step and its first non-finite step (None where there is
+    none), in one host read (float64 holds the steps exactly)."""
+    rows = [
+        torch.stack([p.value.double(), p.step.double(), p.first_nonfinite.double()])
+        for p in peaks
+        if p.value is not None and p.step is not None and p.first_nonfinite is not None
     ]
+    read = iter(torch.stack(rows).tolist() if rows else [])
+    out: list[tuple[Any, Any, Any]] = []
+    for p in peaks:
+        if p.value is None:
+            out.append((None, None, None))
+            continue
+        value, step, first = next(read)
+        out.append((value, int(step), int(first) if first >= 0 else None))
+    return out
