@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import run_job
 
@@ -55,7 +56,13 @@ def same_data(nan_batch=None):
 
 
 def run_two_ranks(
-    tmp_path, data_args: dict, data: str = "build_data", *, train: str = TRAIN, extra: str = ""
+    tmp_path,
+    data_args: dict,
+    data: str = "build_data",
+    *,
+    train: str = TRAIN,
+    extra: str = "",
+    device: str = "cpu",
 ):
     """`nandoctor diagnose` on two gloo ranks; `extra` is appended to the config."""
     (tmp_path / "train.py").write_text(train)
@@ -63,8 +70,8 @@ def run_two_ranks(
     config.write_text(
         f"model: train.py:build_model\ndata: train.py:{data}\n"
         f"data_args: {json.dumps(data_args)}\n"
-        "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 10\ndevice: cpu\n"
-        + extra
+        "optimizer: {name: SGD, lr: 0.1}\nprecision: {dtype: float32}\nsteps: 10\n"
+        f"device: {device}\n" + extra
     )
     out = tmp_path / "report.json"
     command = [sys.executable, "-m", "nandoctor", "diagnose", str(config), "--nproc-per-node", "2"]
@@ -135,6 +142,26 @@ def test_a_backend_no_rank_can_run_is_refused_once_before_the_ranks_start(tmp_pa
     assert proc.stderr.count("nccl needs CUDA devices") == 1, proc.stderr
     assert "config.yaml:8: distributed.backend: nccl needs CUDA devices" in proc.stderr
     assert "error: rank" not in proc.stderr  # no rank was started
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_where_there_is_none_is_refused_as_in_one_process(tmp_path):
+    # not a run on the CPU that passes as healthy: a CI gate would pass a GPU job never run
+    proc, report = run_two_ranks(tmp_path, {}, device="cuda")
+    assert proc.returncode == 2 and report is None
+    assert "config.yaml:7: device: 'cuda' asked for, but torch.cuda.is_available() is False" in (
+        proc.stderr
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_distributed_run_places_its_ranks_itself():
+    from nandoctor.errors import ConfigError
+    from nandoctor.setup import distributed
+    from nandoctor.setup.schema import DistributedConfig
+
+    with pytest.raises(ConfigError, match="each rank runs on cuda:<its local rank>"):
+        distributed.check_backend(DistributedConfig(), "cuda:0")
 
 
 HANG_LOSS = """

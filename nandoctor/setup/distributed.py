@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from nandoctor.errors import ConfigError
+from nandoctor.setup.devices import resolve_device
 from nandoctor.setup.schema import DistributedConfig
 from nandoctor.setup.sharding import Sharder
 
@@ -191,6 +192,14 @@ def check_backend(config: DistributedConfig, device_name: str) -> bool:
     """Whether the ranks run on CUDA; a backend that cannot run where they do is a config
     error. NB: asked before nandoctor launches the ranks too, so that the job says it
     once (each rank meets it before any store could tell it another rank said it)."""
+    if device_name != "auto":
+        device = resolve_device(device_name)  # NB: CUDA asked for where there is none
+        if device.type == "cuda" and device.index is not None:
+            raise ConfigError(
+                f"device: '{device_name}' in a distributed run: each rank runs on "
+                "cuda:<its local rank>; write device: cuda (or restrict the visible devices "
+                "with CUDA_VISIBLE_DEVICES)"
+            )
     cuda = torch.cuda.is_available() and device_name != "cpu"
     if config.backend == "nccl" and not cuda:
         raise ConfigError("distributed.backend: nccl needs CUDA devices; use gloo on the CPU")
