@@ -221,6 +221,8 @@ def test_under_torchrun_the_rank_whose_batch_went_nan_is_the_report(tmp_path):
     code, report = watch(tmp_path, *command, options=("--no-replay",))
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"]) == (4, "input")
+    # without a replay: rank 0 failed in the backward of the step rank 1's batch broke
+    assert [(r["rank"], r["status"]) for r in report["ranks"]] == [(0, "inherited"), (1, "origin")]
 
 
 def test_under_torchrun_the_replay_reads_the_origin_ranks_trace(tmp_path):
@@ -233,7 +235,38 @@ def test_under_torchrun_the_replay_reads_the_origin_ranks_trace(tmp_path):
     code, report = watch(tmp_path, *command)
     first = report["first_nonfinite"]
     assert code == 1 and (first["step"], first["phase"], first["tensor"]) == (4, "input", "input:0")
-    assert first["reproduced"] is True and report["notes"] == []
+    assert first["reproduced"] is True
+    assert [(r["rank"], r["status"]) for r in report["ranks"]] == [(0, "inherited"), (1, "origin")]
+    assert (
+        "born on rank 1 (rank 0 inherited it as the gradients were combined)" in (report["summary"])
+    )
+    # the launcher reports the ranks nandoctor stopped as a crash, before the report
+    assert report["notes"] == [
+        "nandoctor stopped the job at step 4, where it went non-finite on rank 1: the "
+        "launcher's errors printed before this report (a peer's closed connection, "
+        "ChildFailedError, a rank's exit code 1) follow from that stop, not from a crash"
+    ]
+
+
+def test_under_torchrun_a_nan_born_in_one_ranks_backward_is_that_ranks(tmp_path):
+    """Rank 1's own backward makes the NaN at step 4 (its loss is finite): every rank
+    fails in the backward, rank 0 in the copy of what the all-reduce handed it. The
+    replay tells them apart: the report is rank 1's op, its cause named."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    script = str(SCRIPTS / "ddp_nan_rank1.py")
+    command = (str(torchrun), "--standalone", "--nproc-per-node", "2", script, "4", "8")
+    code, report = watch(tmp_path, *command, "backward")
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"]) == (4, "backward")
+    assert (first["op"], first["reproduced"]) == ("aten.div.Tensor", True)
+    assert "SqrtBackward0" in report["summary"] and "born on rank 1" in report["summary"]
+    ranks = {r["rank"]: r for r in report["ranks"]}
+    assert (ranks[0]["status"], ranks[0]["first_nonfinite"]["op"]) == (
+        "inherited",
+        "aten.copy_.default",
+    )
+    assert ranks[1]["status"] == "origin"
+    assert report["causes"][0]["id"] == "nondifferentiable-point"
 
 
 SLOW_NAN = """

@@ -174,6 +174,7 @@ class Watched:
             "localization": dataclasses.asdict(located),
             "reached": reached,
             "diverged": diverged,
+            **protocol.job_place(),
         }
         protocol.write_json(protocol.trace_file(self.settings.dir, self.pid), data)
 
@@ -184,6 +185,7 @@ class Watched:
         result = self.result
         data = {
             "pid": self.pid,
+            **protocol.job_place(),
             "status": result.status,
             "start_step": result.start_step,
             "steps_run": result.steps_run,

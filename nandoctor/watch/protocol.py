@@ -8,7 +8,8 @@ torch is imported.
 Each watched process writes, into `dir`, `attached-<pid>` when it attaches (torch was
 imported), `run-<pid>.json` with what its sentinel saw, `raised-<pid>` when it dies of
 an uncaught exception (torch imported or not), and on a replay run `trace-<pid>.json`
-with what the tracer found at `trace_step`.
+with what the tracer found at `trace_step`; both JSON files say the process's place in a
+job of several ranks (`job_place`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ class Settings:
     def from_env(cls, environ: dict[str, str] | os._Environ) -> Settings | None:
         text = environ.get(ENV)
         return cls(**json.loads(text)) if text else None
+
+
+def job_place(environ: dict[str, str] | os._Environ = os.environ) -> dict[str, int | None]:
+    """This process's rank in a job of several (torchrun's `RANK` and `WORLD_SIZE`, which
+    every launcher of PyTorch jobs sets), written beside what it saw: None for both in a
+    process of its own."""
+    try:
+        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return {"rank": None, "world_size": None}
+    if world < 2 or not 0 <= rank < world:
+        return {"rank": None, "world_size": None}
+    return {"rank": rank, "world_size": world}
 
 
 def attached_marker(folder: str, pid: int) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from nandoctor.causes.case import RunFacts
+from nandoctor.localize.finding import Finding
 from nandoctor.localize.replay import Localization
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.types import Environment
@@ -25,10 +26,28 @@ class ChildRun:
     result: RunResult
     environment: Environment
     facts: RunFacts
+    rank: int | None = None  # its place in a job of several ranks (`protocol.job_place`)
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What one process's replay found at the traced step."""
+
+    located: Localization
+    reached: bool
+    diverged: int | None  # the step the rerun went non-finite at instead, if it did
+    rank: int | None = None
+    world_size: int | None = None
 
 
 def attached(folder: str) -> bool:
     return any(Path(folder).glob("attached-*"))
+
+
+def stopped(folder: str) -> bool:
+    """nandoctor stopped a process of the command at its failure (`protocol.stopped_marker`)."""
+    return any(Path(folder).glob("stopped-*"))
 
 
 def raised(folder: str) -> str | None:
@@ -77,12 +96,25 @@ def _run(data: dict[str, Any]) -> ChildRun:
     )
     # NB: validated, not splatted: the facts nest dataclasses (a scheduler's `LrJump`)
     facts = TypeAdapter(RunFacts).validate_python(data["facts"])
-    return ChildRun(data["pid"], result, Environment(**data["environment"]), facts)
+    env = Environment(**data["environment"])
+    return ChildRun(data["pid"], result, env, facts, data.get("rank"), data.get("world_size"))
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:
     phase = Phase(data["phase"]) if data["phase"] else None
     return Verdict(**{**data, "reading": Reading(**data["reading"]), "phase": phase})
+
+
+def load_traces(folder: str) -> list[Trace]:
+    """Every process's replay, the one that found the failure first first (`_trace_order`)."""
+    traces = [_trace(json.loads(p.read_text())) for p in sorted(Path(folder).glob("trace-*.json"))]
+    return sorted(traces, key=_trace_order)
+
+
+def _trace(data: dict[str, Any]) -> Trace:
+    located = TypeAdapter(Localization).validate_python(data["localization"])
+    place = (data.get("rank"), data.get("world_size"))
+    return Trace(located, data["reached"], data["diverged"], *place)
 
 
 def load_trace(
@@ -91,9 +123,9 @@ def load_trace(
     """What the replay run found at `step`; a note says why when it found nothing (with
     the rerun's last line of output when it ended early; `stopped_after`: the time after
     which the rerun was stopped for taking too long, when it was)."""
-    traces = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("trace-*.json"))]
+    traces = load_traces(folder)
     tail = f"; its last output: {last_output}" if last_output else ""
-    if stopped_after is not None and not any(t["reached"] for t in traces):
+    if stopped_after is not None and not any(t.reached for t in traces):
         # NB: it did not end, it was slower than the first run (its last output is the
         # interrupt that stopped it)
         note = f"the rerun of the command was stopped after {stopped_after}"
@@ -101,26 +133,36 @@ def load_trace(
     if not traces:
         note = f"the rerun of the command never got there{tail}"
         return Localization(step, None, note=note, reached=False)
-    data = min(traces, key=_trace_order)
-    located = TypeAdapter(Localization).validate_python(data["localization"])
-    if data["diverged"] is not None:
+    first = traces[0]
+    if first.diverged is not None:
         note = (
-            f"the rerun went non-finite at step {data['diverged']} instead, so the script is "
+            f"the rerun went non-finite at step {first.diverged} instead, so the script is "
             "not deterministic: seed Python, numpy and torch, and fix its data order"
         )
-        return replace(located, finding=None, note=note)
-    if not data["reached"]:
+        return replace(first.located, finding=None, note=note)
+    if not first.reached:
         note = f"the rerun of the command ended before step {step}{tail}"
-        return replace(located, finding=None, note=note, reached=False)
-    return located
+        return replace(first.located, finding=None, note=note, reached=False)
+    return first.located
 
 
-def _trace_order(data: dict[str, Any]) -> tuple:
+def _trace_order(trace: Trace) -> tuple:
     """The process whose replay found the failure first, as `_order` picks the first run's:
     under torchrun every rank (and the launcher, which imports torch but never steps)
     writes a trace; the rank whose batch went NaN found it in `input`, the ranks the
-    all-reduce handed it to in `backward`."""
-    finding = data["localization"].get("finding")
-    phase = finding.get("phase") if finding else None
-    in_step = _IN_STEP.index(Phase(phase)) if phase in {p.value for p in _IN_STEP} else 0
-    return (not data["reached"], data["diverged"] is not None, finding is None, in_step)
+    all-reduce handed it to in `backward`, where a rank whose own backward made it found
+    its own op, the others the collective's copy (`received_from_peers`)."""
+    finding = trace.located.finding
+    in_step = _IN_STEP.index(finding.phase) if finding is not None else 0
+    received = received_from_peers(finding)
+    return (not trace.reached, trace.diverged is not None, finding is None, received, in_step)
+
+
+def received_from_peers(finding: Finding | None) -> bool:
+    """The first non-finite value the replay met came from another rank: the op that
+    made it, or one of the two levels of ops that made its inputs, is a collective
+    (`c10d.allreduce_`, `c10d._reduce_scatter_base_`, ...)."""
+    if finding is None:
+        return False
+    ops = [finding.op or "", *(p.op for p in finding.evidence.producers)]
+    return any(op.startswith("c10d.") for op in ops)

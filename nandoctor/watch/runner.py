@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ from nandoctor.runtime.record import RunResult
 from nandoctor.watch import results
 from nandoctor.watch.process import INTERRUPTED_CODE, TIMED_OUT_CODE, run_command
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, Settings
+from nandoctor.watch.ranks import JobRanks, job_ranks
 
 # A rerun that takes longer than RERUN_MIN_S, and than 3x the first run's time to fail
 # plus RERUN_SLACK_S, is stopped (it would wait for a shared resource, or never end)
@@ -75,23 +76,33 @@ def watched(
     failure = first.result.failure if first is not None else None
     located: Localization | None = None
     notes: list[str] = []
+    traces: list[results.Trace] = []
     interrupted = None
     if code == INTERRUPTED_CODE and failure is not None:  # NB: Ctrl-C after the failure
         notes = [f"no replay: the command was interrupted; {_RERUN_HINT}"]
     elif first is not None and failure is not None and failure.step is not None:
         try:
-            located, notes = _maybe_replay(command, first.result, options, on_replay)
+            located, notes = _maybe_replay(command, first.result, options, on_replay, traces)
         except KeyboardInterrupt:  # NB: Ctrl-C (or SIGTERM) while the rerun ran
             interrupted = REPLAY_INTERRUPTED
-    report = _report(command, first, code, located, notes, attached, interrupted, raised)
+    job = None
+    if first is not None and failure is not None and failure.step is not None:
+        job = job_ranks(runs, failure.step, traces)
+        notes += _stopped_note(runs, failure.step, folder, job)
+    report = _report(command, first, code, located, notes, attached, interrupted, raised, job)
     if interrupted:
         return Watched(report, INTERRUPTED_CODE)
     return Watched(report, int(ExitCode.USER_CODE) if raised is not None else code)
 
 
 def _maybe_replay(
-    command: list[str], result: RunResult, options: WatchOptions, on_replay
+    command: list[str],
+    result: RunResult,
+    options: WatchOptions,
+    on_replay,
+    traces: list[results.Trace],
 ) -> tuple[Localization | None, list[str]]:
+    """The failure replayed (`traces`: every process's replay of the step, filled in)."""
     failure = result.failure
     assert failure is not None and failure.step is not None
     if not options.replay:
@@ -113,6 +124,7 @@ def _maybe_replay(
             log = Path(folder) / "replay.log"
             code = run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
             stopped = _rerun_limit(timeout) if code == TIMED_OUT_CODE else None
+            traces[:] = results.load_traces(folder)
             return results.load_trace(folder, step, _last_line(log), stopped_after=stopped)
 
     located, result.failure = localize_failure(failure, result.start_step, replay)
@@ -149,6 +161,7 @@ def _report(
     attached: bool,
     interrupted: str | None = None,
     raised: str | None = None,
+    job: JobRanks | None = None,
 ) -> Report:
     """The report of the first process that stepped (the failing one first), decided
     with the command's own exit code (see `assemble.status_of`); `interrupted`: what an
@@ -160,6 +173,8 @@ def _report(
         facts = None
     else:
         result, env, facts = first.result, first.environment, first.facts
+    if job is not None and result.failure is not None:
+        result = replace(result, failure=job.on(result.failure))
     if facts is not None and facts.clipped_scaled is not None and result.failure is None:
         # NB: a healthy run has no causes: the loop's clip-before-unscale is said here
         notes.append(CLIP_BEFORE_UNSCALE.format(step=facts.clipped_scaled))
@@ -176,8 +191,27 @@ def _report(
         causes=causes_of(result, located, facts),
         command_code=code,
         interrupted=interrupted,
+        world_size=job.world_size if job is not None else None,
+        per_rank=job.per_rank if job is not None else None,
     )
     return assemble(findings)
+
+
+def _stopped_note(
+    runs: list[results.ChildRun], step: int, folder: str, job: JobRanks | None
+) -> list[str]:
+    """A job of several ranks that nandoctor stopped at its failure: its launcher then
+    reports the stop as a crash (the other ranks' broken connections, torchrun's
+    `ChildFailedError`), printed before the report; the report says where that came from."""
+    world = next((r.world_size for r in runs if r.world_size is not None), None)
+    if world is None or not results.stopped(folder):
+        return []
+    where = f" on rank {', '.join(map(str, job.origin))}" if job is not None else ""
+    return [
+        f"nandoctor stopped the job at step {step}, where it went non-finite{where}: the "
+        "launcher's errors printed before this report (a peer's closed connection, "
+        "ChildFailedError, a rank's exit code 1) follow from that stop, not from a crash"
+    ]
 
 
 def _not_attached(code: int) -> str:
