@@ -393,6 +393,22 @@ def test_hostile_yaml_is_refused_quickly(folder, name, text, message):
     no_traceback_of_ours(result)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["/dev/zero"], "/dev/zero: the config is more than the limit of 1048576 bytes"),
+        (["CONFIG", "--baseline", "/dev/zero"], "--baseline /dev/zero: not a baseline: more than"),
+    ],
+)
+def test_a_file_that_never_ends_is_read_up_to_its_limit_not_to_the_memorys(folder, args, message):
+    # a device or a pipe has no size: what is read is counted (it filled 24 GiB)
+    args = [str(configured(folder)) if a == "CONFIG" else a for a in args]
+    result = diagnose(*args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    no_traceback_of_ours(result)
+
+
 @pytest.mark.parametrize(("option", "value"), [("--steps", str(2**63)), ("--seed", str(2**40))])
 def test_numbers_past_what_the_platform_holds_are_usage_errors(folder, option, value):
     result = diagnose(str(configured(folder)), option, value)

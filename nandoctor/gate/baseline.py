@@ -21,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from nandoctor.errors import UsageError
 from nandoctor.report.health import Health
 from nandoctor.report.types import Environment, Report, jsonable
+from nandoctor.setup.load import FileTooLarge, read_at_most
 
 FORMAT = "nandoctor-baseline"
 BASELINE_VERSION = 1
@@ -139,13 +140,19 @@ def _cast_lists(device: str, dtype: str, policy: str | None) -> str | None:
     return "cpu" if policy == "native" else None
 
 
+# a baseline holds a few numbers per module: tens of thousands of modules fit many times
+MAX_BASELINE_BYTES = 64 << 20
+
+
 def read_baseline(path: str) -> Baseline:
     if not path:  # NB: `--baseline "$UNSET"` would otherwise gate on nothing, and pass
         raise UsageError("--baseline: expected a baseline file, got an empty string")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_at_most(Path(path), MAX_BASELINE_BYTES))
     except FileNotFoundError:
         raise UsageError(f"--baseline {path}: file not found") from None
+    except FileTooLarge as e:
+        raise UsageError(f"--baseline {path}: not a baseline: {e}") from None
     except (OSError, ValueError) as e:
         raise UsageError(f"--baseline {path}: not a readable JSON file: {e}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

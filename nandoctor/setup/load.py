@@ -10,6 +10,7 @@ key, and once into plain data for pydantic.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import types
 import typing
@@ -64,9 +65,11 @@ class LoadedConfig:
 def load_config(path: str | Path) -> LoadedConfig:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_at_most(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except FileTooLarge as e:
+        raise ConfigError(f"{path}: the config is {e}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read the config file: {e}") from None
     data, lines = _parse_yaml(path, text)
@@ -86,6 +89,32 @@ def load_config(path: str | Path) -> LoadedConfig:
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a page of keys: a larger file is not one
+
+
+class FileTooLarge(ValueError):
+    """`2097155 bytes, more than the limit of 1048576`; `more than the limit of 1048576
+    bytes` where the file has no size (a device, a pipe)."""
+
+    def __init__(self, size: int | None, limit: int) -> None:
+        super().__init__(
+            f"{size} bytes, more than the limit of {limit}"
+            if size is not None
+            else f"more than the limit of {limit} bytes"
+        )
+
+
+def read_at_most(path: Path, limit: int) -> str:
+    """The file's UTF-8 text; `FileTooLarge` beyond `limit` bytes. NB: what is read is
+    counted, not what the file says its size is: a device (/dev/zero) or a pipe has no
+    size, and may never end."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+        if len(data) > limit:
+            size = os.fstat(f.fileno()).st_size
+            raise FileTooLarge(size if size > limit else None, limit)
+    return data.decode("utf-8")
+
+
 MAX_DEPTH = 64  # nesting of mappings and lists, aliases expanded
 MAX_NODES = 100_000  # values in the config with every alias expanded (an alias bomb: 10^9)
 
@@ -109,13 +138,8 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Loc, int]]:
 
 
 def _check_limits(path: Path, text: str) -> None:
-    """Refuse, before building anything, a file too large or nested too deeply (the
-    parser itself recurses once per level)."""
-    size = len(text.encode("utf-8", errors="replace"))
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"{path}: the config is {size} bytes, more than the limit of {MAX_CONFIG_BYTES}"
-        )
+    """Refuse, before building anything, a file nested too deeply (the parser itself
+    recurses once per level; a file too large was refused as it was read)."""
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
