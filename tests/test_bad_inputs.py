@@ -50,6 +50,12 @@ def samples():  # a map-style dataset, not wrapped in a DataLoader
     return torch.utils.data.TensorDataset(torch.randn(4, 8), torch.randint(0, 3, (4,)))
 def make_sgd(params, lr=0.1):
     return torch.optim.SGD(params, lr=lr)
+def optimizer_as_a_dict(params):
+    return {"params": params}
+def sgd_of_other_weights(params):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+def scheduler_as_a_dict(optimizer):
+    return {"optimizer": optimizer}
 class TupleOut(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -106,6 +112,16 @@ CASES = [
     ("a boolean for a momentum", BASE.replace("lr: 0.1", "lr: 0.1, momentum: yes"), 2, "optimizer.momentum: expected a number, got true"),
     ("a boolean for a step size", BASE + "scheduler: {name: StepLR, step_size: yes}\n", 2, "scheduler.step_size: expected a number, got true"),
     ("a boolean for a factory's number", BASE.replace("{name: SGD, lr: 0.1}", "{factory: 'extra.py:make_sgd', lr: off}"), 2, "optimizer.lr: expected a number, got false"),
+    # NB: each trained nothing, silently, or broke every weight at step 0 with no cause named
+    ("a NaN rate", BASE.replace("lr: 0.1", "lr: .nan"), 2, "config.yaml:3: optimizer.lr: expected a finite number, got nan"),
+    ("an infinite rate", BASE.replace("lr: 0.1", "lr: .inf"), 2, "optimizer.lr: expected a finite number, got inf"),
+    ("a NaN weight decay", BASE.replace("{name: SGD, lr: 0.1}", "{name: AdamW, lr: 0.1, weight_decay: .nan}"), 2, "optimizer.weight_decay: expected a finite number, got nan"),
+    ("a NaN beta", BASE.replace("{name: SGD, lr: 0.1}", "{name: AdamW, betas: [0.9, .nan]}"), 2, "optimizer.betas: expected a finite number, got [0.9, nan]"),
+    ("an infinite loss scale", BASE.replace("{dtype: float32}", "{dtype: float16, init_scale: .inf}"), 2, "precision.init_scale: expected a finite number; got inf"),
+    ("an optimizer factory's dict", BASE.replace("{name: SGD, lr: 0.1}", "{factory: 'extra.py:optimizer_as_a_dict'}"), 2, "optimizer: extra.py:optimizer_as_a_dict returned a dict, expected a torch.optim.Optimizer"),
+    ("an optimizer of other weights", BASE.replace("{name: SGD, lr: 0.1}", "{factory: 'extra.py:sgd_of_other_weights'}"), 2, "optimizer: extra.py:sgd_of_other_weights holds none of the model's trainable parameters"),
+    ("a scheduler factory's dict", BASE + "scheduler: {factory: 'extra.py:scheduler_as_a_dict'}\n", 2, "scheduler: extra.py:scheduler_as_a_dict returned a dict, expected a learning rate scheduler"),
+    ("the schedulers' base class", BASE + "scheduler: {name: LRScheduler}\n", 2, "scheduler.name: LRScheduler is the base class of torch.optim.lr_scheduler's classes, not one of them"),
     ("missing file", BASE.replace("train.py:build_model", "nope.py:f"), 2, "model: 'nope.py:f': file not found"),
     ("missing module", BASE.replace("train.py:build_model", "nopkg_xyz.m:f"), 2, "no module named 'nopkg_xyz'"),
     ("missing attribute", BASE.replace("train.py:build_model", "train.py:nothing"), 2, "has no attribute 'nothing'"),
@@ -124,7 +140,7 @@ CASES = [
     ("non-tensor batches", BASE.replace("train.py:build_data", "extra.py:strings"), 2, "default loss expects batches (x, y); got a str"),
     ("mismatched shapes", BASE.replace("train.py:build_data", "extra.py:wrong_width"), 3, "loss (step 0) raised RuntimeError: mat1 and mat2 shapes"),
     ("loss not a tensor", BASE + "loss: extra.py:a_float\n", 2, "loss: returned a float, expected a scalar torch.Tensor\nhint: return the loss tensor, not `loss.item()`"),
-    ("loss returns nothing", BASE + "loss: extra.py:no_return\n", 2, "loss: returned a NoneType, expected a scalar torch.Tensor\nhint: the loss function returned nothing: end it with `return loss`"),
+    ("loss returns nothing", BASE + "loss: extra.py:no_return\n", 2, "loss: returned None, expected a scalar torch.Tensor\nhint: the loss function returned nothing: end it with `return loss`"),
     ("loss returns the model's output", BASE.replace("train.py:build_data", "extra.py:labelled") + "loss: extra.py:model_output\n", 2, "hint: that is the model's output: return its .loss (`model(**batch).loss`)"),
     ("a transformers loss without labels", BASE.replace("train.py:build_data", "extra.py:unlabelled") + "loss: extra.py:output_loss\n", 2, "hint: a transformers model's .loss is None unless the batch holds 'labels'; this batch holds 'x'"),
     ("loss not a scalar", BASE + "loss: extra.py:per_sample\n", 2, "expected a scalar"),

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from nandoctor.errors import ConfigError
+from nandoctor.setup.entrypoints import resolve
 from nandoctor.setup.load import load_config
+from tests.conftest import TRAIN_PY
 
 MINIMAL = """\
 model: train.py:build_model
@@ -84,6 +86,21 @@ def test_missing_required_key(project):
 def test_entrypoint_syntax(project):
     message = error_of(project, MINIMAL.replace("train.py:build_model", "build_model"))
     assert ":1: model: expected an entrypoint 'package.module:attribute'" in message
+
+
+def test_a_relative_module_is_a_config_error_not_the_users_code(project):
+    # importlib raised TypeError for it: exit 3 with importlib's frame as "your code"
+    message = error_of(project, MINIMAL.replace("train.py:build_model", ".train:build_model"))
+    assert "; a module is named from its top package, not relative to the config" in message
+
+
+def test_a_file_entrypoint_may_have_spaces_in_its_path(project, tmp_path):
+    (tmp_path / "Google Drive").mkdir()
+    (tmp_path / "Google Drive" / "my train.py").write_text(TRAIN_PY)
+    text = MINIMAL.replace("train.py:build_model", "'Google Drive/my train.py:build_model'")
+    loaded = load_config(project(text))
+    model = resolve(loaded.config.model, "model", loaded.path.parent)
+    assert model.__name__ == "build_model"
 
 
 def test_optimizer_needs_exactly_one_of_name_or_factory(project):

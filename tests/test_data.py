@@ -45,7 +45,7 @@ def test_empty_data_is_a_config_error():
 
 
 def test_non_iterable_data_is_a_config_error():
-    with pytest.raises(ConfigError, match="data: returned a int, expected an iterable"):
+    with pytest.raises(ConfigError, match="data: returned an int, expected an iterable"):
         take(BatchStream(lambda: 3, seed=0), 1)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from nandoctor.errors import ConfigError, user_code
+from nandoctor.errors import ConfigError, kind_of, user_code
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import to_device
@@ -107,7 +107,7 @@ def _scheduler_step(scheduler: Any, ctx: StepContext) -> None:
 def _checked_loss(loss: Any, batch: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor):
         raise ConfigError(
-            f"loss: returned a {type(loss).__name__}, expected a scalar torch.Tensor",
+            f"loss: returned {kind_of(loss)}, expected a scalar torch.Tensor",
             hint=_not_a_tensor_hint(loss, batch),
         )
     if loss.numel() != 1:

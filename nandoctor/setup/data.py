@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from nandoctor.errors import ConfigError, user_code
+from nandoctor.errors import ConfigError, kind_of, user_code
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ class BatchStream:
         if self._first is None:
             self._first = self._private_rng(lambda: self._call_make())
             if not _is_iterable(self._first):
-                kind = type(self._first).__name__
-                raise ConfigError(f"data: returned a {kind}, expected an iterable of batches")
+                what = kind_of(self._first)
+                raise ConfigError(f"data: returned {what}, expected an iterable of batches")
             refuse_a_dataset_of_samples(self._first)
         return self._first
 

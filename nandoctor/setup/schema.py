@@ -24,14 +24,23 @@ from pydantic import (
 from nandoctor.setup.dtypes import canonical_dtype
 from nandoctor.setup.limits import MAX_STEPS
 
-_ENTRYPOINT = re.compile(r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# a file (`path/file.py`: spaces allowed, "Google Drive/train.py") or a module by its
+# absolute dotted name, then the attribute's dotted path
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+_ENTRYPOINT = re.compile(rf"^(?:(?=[^\s:])[^:]*\.py|{_NAME}):{_NAME}$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def _check_entrypoint(value: str) -> str:
     if not _ENTRYPOINT.match(value):
+        relative = value.startswith(".") and ".py:" not in value
         raise ValueError(
             "expected an entrypoint 'package.module:attribute' or 'path/file.py:attribute'"
+            + (
+                "; a module is named from its top package, not relative to the config"
+                if relative
+                else ""
+            )
         )
     return value
 
@@ -76,7 +85,8 @@ _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 Entrypoint = Annotated[str, AfterValidator(_check_entrypoint)]
 DtypeName = Annotated[str, AfterValidator(canonical_dtype)]
 DeviceName = Annotated[str, AfterValidator(check_device)]
-Number = Annotated[PositiveFloat, BeforeValidator(_not_a_bool)]
+# NB: finite: an init_scale of inf skips every step (halved, it stays inf) and reads healthy
+Number = Annotated[PositiveFloat, Field(allow_inf_nan=False), BeforeValidator(_not_a_bool)]
 Count = Annotated[PositiveInt, BeforeValidator(_not_a_bool)]
 
 

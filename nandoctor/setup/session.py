@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import math
 import random
 import re
 import sys
@@ -21,7 +22,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from nandoctor.errors import ConfigError, user_code
+from nandoctor.errors import ConfigError, kind_of, user_code
 from nandoctor.setup import checkpoint as ckpt
 from nandoctor.setup import cuda_autocast, distributed, fsdp
 from nandoctor.setup.args import conversion_notes, numeric_args
@@ -225,7 +226,7 @@ def default_loss(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor):
         raise ConfigError(
             "loss: the default loss expects model(x) to return a tensor of logits; "
-            f"it returned a {type(logits).__name__}",
+            f"it returned {kind_of(logits)}",
             hint="name a `loss:` callable(model, batch) -> scalar tensor in the config",
         )
     return F.cross_entropy(logits, y)
@@ -267,7 +268,7 @@ def _build_model(config: Config, base: Path) -> torch.nn.Module:
         model = factory(**args)
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(
-            f"model: {config.model} returned a {type(model).__name__}, expected a torch.nn.Module"
+            f"model: {config.model} returned {kind_of(model)}, expected a torch.nn.Module"
         )
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"model: {config.model} built a model with no trainable parameters")
@@ -276,14 +277,39 @@ def _build_model(config: Config, base: Path) -> torch.nn.Module:
 
 def build_optimizer(spec: FactorySpec, model: torch.nn.Module, base: Path) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    return _build_from_spec(spec, "optimizer", torch.optim, torch.optim.Optimizer, params, base)
+    optimizer = _build_from_spec(
+        spec, "optimizer", torch.optim, torch.optim.Optimizer, params, base
+    )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            f"optimizer: {spec.factory} returned {kind_of(optimizer)}, expected a "
+            "torch.optim.Optimizer"
+        )
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    if not any(id(p) in held for p in params):  # NB: a run whose weights never change
+        raise ConfigError(
+            f"optimizer: {spec.factory or spec.name} holds none of the model's trainable "
+            "parameters: the model would never train (give it the params it is called with)"
+        )
+    return optimizer
 
 
 def build_scheduler(spec: FactorySpec, optimizer: torch.optim.Optimizer, base: Path) -> Any:
     lr_scheduler = torch.optim.lr_scheduler
-    return _build_from_spec(
+    scheduler = _build_from_spec(
         spec, "scheduler", lr_scheduler, lr_scheduler.LRScheduler, optimizer, base
     )
+    # NB: the snapshots keep its state; the step calls its step()
+    if not all(callable(getattr(scheduler, m, None)) for m in _SCHEDULER_METHODS):
+        raise ConfigError(
+            f"scheduler: {spec.factory} returned {kind_of(scheduler)}, expected a learning "
+            f"rate scheduler (torch.optim.lr_scheduler's, or any object with "
+            f"{', '.join(f'{m}()' for m in _SCHEDULER_METHODS)})"
+        )
+    return scheduler
+
+
+_SCHEDULER_METHODS = ("step", "state_dict", "load_state_dict")
 
 
 def _build_from_spec(
@@ -297,6 +323,11 @@ def _build_from_spec(
             return factory(arg, **spec.kwargs)
     name = spec.name or ""
     cls: Any = getattr(namespace, name, None)
+    if cls is base_class:
+        raise ConfigError(
+            f"{key}.name: {name} is the base class of {namespace.__name__}'s classes, not "
+            "one of them (name one, such as AdamW or CosineAnnealingLR)"
+        )
     if not (isinstance(cls, type) and issubclass(cls, base_class)) or name.startswith("_"):
         hint = _suggest(spec.name, namespace, base_class)
         raise ConfigError(f"{key}.name: {namespace.__name__} has no class '{spec.name}'{hint}")
@@ -313,6 +344,9 @@ def _refuse_non_numbers(fn: Any, key: str, kwargs: dict[str, Any]) -> None:
     signature wants a number (its default or its annotation says int or float, not bool);
     `nesterov: yes` stays the boolean it is. So is a word (`lr: fast`), which the
     optimizer refused with Python's own `'<=' not supported between ...`."""
+    for name, value in kwargs.items():
+        if _not_finite(value):  # NB: lr: .nan made every weight NaN at step 0, no cause named
+            raise ConfigError(f"{key}.{name}: expected a finite number, got {value!r}")
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # NB: a builtin without a signature: nothing to check
@@ -328,6 +362,13 @@ def _refuse_non_numbers(fn: Any, key: str, kwargs: dict[str, Any]) -> None:
             )
         # NB: numeric strings ('3e-4') were read as numbers already (`conversion_notes`)
         raise ConfigError(f"{key}.{name}: expected a number, got {value!r}")
+
+
+def _not_finite(value: Any) -> bool:
+    """A float that is NaN or infinite, alone or in a list (Adam's betas)."""
+    if isinstance(value, (list, tuple)):
+        return any(_not_finite(v) for v in value)
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _wants_number(param: inspect.Parameter) -> bool:
