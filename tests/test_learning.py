@@ -66,3 +66,21 @@ def test_a_resumed_check_late_in_the_run_may_be_flat():
     assert not learning_of(climbing, reference=1.1, resumed=True).learned
     # without the original's losses to compare with, the gain is still asked for
     assert not learning_of(flat, reference=None, resumed=True).learned
+
+
+def test_a_run_that_blew_up_and_came_back_to_where_it_began_did_not_learn():
+    """A 10x smaller rate that still diverges (4.17 to 1e11) and collapses to chance (a
+    dead network, gradient norm 0): its loss "fell from 1.8e+05 to 4.16" from the blow-up,
+    but it ends where it began."""
+    dead = [4.168, 9.0, 80.0, 700.0, 8351.0, 1e6, 1e11, 2e8, 40.0] + [4.1589] * 29
+    learning = learning_of(dead, reference=6e6)
+    assert not learning.learned
+    assert learning.why == "its loss fell by only 0.2%, from 4.17 to 4.16 (after a climb to 1e+11)"
+    # risen 4x, back to chance: bfloat16 that only let a divergence run on
+    bounced = [4.17, 8.0, 12.0, 15.4, 17.2, 14.0, 11.0, 12.0] + [6.0, 5.0, 4.5] * 10 + [4.3] * 8
+    assert learning_of(bounced, reference=3.9).why.startswith("its loss went from 4.17 up to")
+
+
+def test_a_first_loss_below_a_noisy_window_is_not_a_blow_up():
+    noisy = [2.5 + (3.0 if i % 2 else 0.0) - 0.02 * i for i in range(60)]  # 2.5, 5.5, ...
+    assert learning_of(noisy, reference=None).learned

@@ -391,6 +391,31 @@ def test_growing_gradients_while_the_loss_improves_are_a_weak_sign():
         c for c in rank(case("aten.addmm.default", trends=trends)) if c.id == "exploding-gradients"
     )
     assert cause.confidence == 0.35
+    assert "though the loss kept improving: the gradients grew with the model's scale" in (
+        cause.evidence
+    )
+
+
+def test_a_loss_that_blew_up_and_fell_back_to_chance_did_not_keep_improving():
+    """SGD at lr 30 on a Mistral: 4.17, 9.44, 1.2e3, 5.6e5, 3.1e7, then 4.16 (the network
+    saturated at chance) as the gradients overflow: its last loss is near its best, but
+    it never improved."""
+    trends = replace(
+        CALM,
+        grad_early=63.1,
+        grad_late=4.87e6,
+        loss_min=4.1589,
+        loss_last=4.1589,
+        loss_late_slope=-1e7,
+        grad_onset=3,
+        loss_first=4.168,
+        loss_peak=3.06e7,
+    )
+    cause = next(
+        c for c in rank(case("aten.mul.Tensor", trends=trends)) if c.id == "exploding-gradients"
+    )
+    assert not any("kept improving" in e for e in cause.evidence), cause.evidence
+    assert cause.confidence > 0.35
 
 
 def test_small_updates_and_a_falling_loss_are_not_a_high_learning_rate():

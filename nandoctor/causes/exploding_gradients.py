@@ -107,7 +107,8 @@ def _gradients_led(case: Case, evidence: list[str]) -> float:
             f"step {t.loss_onset}"
         )
         return 0.85
-    if t.loss_onset is None and (t.loss_late_slope or 0) <= 0 and (t.loss_rise or 1) < 1.3:
+    improving = (t.loss_late_slope or 0) <= 0 and (t.loss_rise or 1) < 1.3 and not t.loss_rose
+    if t.loss_onset is None and improving:
         evidence.append("though the loss kept improving: the gradients grew with the model's scale")
         return 0.35
     if led:

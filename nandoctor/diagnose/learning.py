@@ -8,7 +8,10 @@ end, since single batches differ a lot. The check has **stopped learning** when 
 
 - its loss fell by less than `MIN_GAIN` (1%) of where it started, from the first window to
   the last: flat or diverging (a network whose every weight was zeroed, a clamp that keeps
-  a diverging run finite); or
+  a diverging run finite). Where it started is its first loss when the first window's mean
+  is more than `RISEN` (2x) that: a run that blew up at once and came back down to chance
+  (a learning rate still too high, that leaves a dead network) gained nothing, though its
+  loss "fell" from the blow-up; or
 - it ended more than `MARGIN` (50%) above the loss the original run had reached at its last
   finite steps (the mean of up to `REFERENCE_STEPS` of them, before the failing step).
 
@@ -37,6 +40,9 @@ MARGIN = 0.5  # the end may be at most this much above the original's last finit
 MIN_GAIN = 0.01  # a check that learns ends at least this fraction below its start
 REFERENCE_STEPS = 5  # how many of the original's last finite losses make the reference
 MIN_WINDOW = 3
+# a first window whose mean is this many times the first loss blew up: the gain counts
+# from the first loss (one batch's, but a run's first losses sit at chance together)
+RISEN = 2.0
 
 
 @dataclass(frozen=True)
@@ -67,12 +73,17 @@ def learning_of(
     if len(finite) < 2 * k:
         return Learning(True)  # too short to tell: the finiteness verdict stands alone
     start, end = statistics.fmean(finite[:k]), statistics.fmean(finite[-k:])
+    climbed = ""
+    if finite[0] > 0 and start > RISEN * finite[0]:
+        # NB: a run that blew up in its first window and came back down (a dead network at
+        # chance): what it gained counts from its first loss, not from the blow-up
+        start, climbed = finite[0], f" (after a climb to {num(max(finite))})"
     if start - end <= MIN_GAIN * abs(start) and not (resumed and reference is not None):
         if end >= start:
-            why = f"its loss went from {num(start)} up to {num(end)}"
+            why = f"its loss went from {num(start)} up to {num(end)}{climbed}"
         else:
             gain = (start - end) / abs(start)
-            why = f"its loss fell by only {gain:.1%}, from {num(start)} to {num(end)}"
+            why = f"its loss fell by only {gain:.1%}, from {num(start)} to {num(end)}{climbed}"
         return Learning(False, start, end, why)
     if reference is not None and end - reference > MARGIN * abs(reference):
         why = (

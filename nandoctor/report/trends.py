@@ -44,12 +44,21 @@ class Trends:
     final_streak: int = 0
     final_streak_start: int | None = None
     final_scales: tuple[float | None, float | None] = (None, None)  # at its first, last step
+    loss_first: float | None = None  # the first finite loss
+    loss_peak: float | None = None  # the largest finite loss
 
     @property
     def grad_growth(self) -> float | None:
         if not self.grad_early or self.grad_late is None:
             return None
         return self.grad_late / self.grad_early
+
+    @property
+    def loss_rose(self) -> bool:
+        """The loss went above twice its first value at some step (then maybe came back:
+        a network that blew up and saturated at chance ends near its best loss)."""
+        first, peak = self.loss_first, self.loss_peak
+        return first is not None and peak is not None and first > 0 and peak > 2 * first
 
     @property
     def loss_rise(self) -> float | None:
@@ -83,6 +92,8 @@ def trends_of(telemetry: Telemetry, events: list[Event] | None = None) -> Trends
         final_streak=streak,
         final_streak_start=streak_start,
         final_scales=_scales_of(telemetry, streak_start) if streak else (None, None),
+        loss_first=losses[0][1] if losses else None,
+        loss_peak=max(v for _, v in losses) if losses else None,
     )
 
 
