@@ -58,6 +58,43 @@ class Gated(nn.Module):
         return x * (1 + torch.sqrt(self.weight.pow(2).sum()))  # marker:sqrt
 
 
+class RootOfSquares(torch.autograd.Function):
+    """sqrt(sum(w^2)) by hand, as a model's custom Function (Bloom's GeLU is one): its
+    backward divides by the root, 0 at w = 0."""
+
+    @staticmethod
+    def forward(ctx, w):
+        root = w.pow(2).sum().sqrt()
+        ctx.save_for_backward(w, root)
+        return root
+
+    @staticmethod
+    def backward(ctx, grad):
+        w, root = ctx.saved_tensors
+        return grad * w / root
+
+
+class CustomGate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return x * (1 + RootOfSquares.apply(self.weight))  # marker:custom
+
+
+class WithCustomGate(nn.Module):
+    """The custom Function's output meets a Linear next: its backward is not the Linear's."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = CustomGate()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.gate(x))
+
+
 class WithGate(nn.Module):
     def __init__(self):
         super().__init__()
@@ -241,6 +278,16 @@ def test_sqrt_at_zero_in_backward_while_the_loss_stays_finite(project, models):
     assert report.telemetry.loss[-1] == report.telemetry.loss[-1]  # the loss itself is finite
 
 
+def test_a_custom_autograd_functions_backward_is_its_own_in_its_module(project, models):
+    """PyTorch's function modes never see `Function.apply`: its backward was taken for
+    the next op's (the Linear's, in the Linear's module)."""
+    report = report_of(project, model="models.py:WithCustomGate")
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.module) == (0, "backward", "gate")
+    assert first.source == f"{models / 'models.py'}:{line_of('custom')}"
+    assert report.evidence.backward_of == "RootOfSquares (RootOfSquaresBackward)"
+
+
 def test_an_optimizer_update_that_turns_a_parameter_nonfinite(project, models):
     adam = {"name": "Adam", "lr": 1e-3, "eps": 0.0}
     first = report_of(project, optimizer=adam, data_args={"zero_feature": True}).first_nonfinite
@@ -278,6 +325,7 @@ def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
     weights = {k: v.clone() for k, v in session.model.state_dict().items()}
     optimizer_state = repr(session.optimizer.state_dict())
     rng = torch.get_rng_state()
+    apply = torch.autograd.Function.__dict__["apply"]
 
     assert localize(session, store, 2, SessionSteps(session)).reproduced
 
@@ -289,6 +337,7 @@ def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
         assert not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks)
     assert torch.utils._python_dispatch._get_current_dispatch_mode() is None
     assert not torch.overrides._get_current_function_mode_stack()
+    assert torch.autograd.Function.__dict__["apply"] is apply  # noted while tracing only
 
 
 def test_running_out_of_memory_in_the_full_trace_falls_back_to_a_lighter_one(project, monkeypatch):

@@ -141,13 +141,36 @@ class OpChecker(TorchDispatchMode):
 
 
 class NodeRecorder(TorchFunctionMode):
+    """Notes where each autograd node was made: the torch function whose output it is,
+    and a custom `torch.autograd.Function`'s `apply`, which function modes never see (its
+    node was otherwise taken for the next op's: Bloom's GeLU backward for the Linear's)."""
+
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
         self.tracer = tracer
+        self._apply: Any = None
+
+    def __enter__(self) -> NodeRecorder:
+        super().__enter__()
+        self._apply = torch.autograd.Function.__dict__["apply"]
+        torch.autograd.Function.apply = classmethod(self._noted_apply)  # type: ignore[assignment,method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.autograd.Function.apply = self._apply  # type: ignore[method-assign]
+        super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self._note(out, func)
+        return out
+
+    def _noted_apply(self, cls: type, *args: Any, **kwargs: Any) -> Any:
+        out = self._apply.__func__(cls, *args, **kwargs)
+        self._note(out, cls)
+        return out
+
+    def _note(self, out: Any, made_by: Any) -> None:
         if self.tracer.watching():
             for t in ops.output_tensors(out, shards=False):  # the autograd nodes are theirs
-                self.tracer.note_node(t.grad_fn, func)
-        return out
+                self.tracer.note_node(t.grad_fn, made_by)

@@ -337,7 +337,7 @@ class Tracer(Probe):
         if node is None or node in self._nodes:
             return
         source, frames = call_site()
-        name = resolve_name(function) or str(function)
+        name = resolve_name(function) or getattr(function, "__qualname__", str(function))
         info = NodeInfo(self.modules.current, source, name, frames, self.modules.current_root)
         todo = [node]
         while todo:
