@@ -97,6 +97,17 @@ def test_failure_panel_shows_where_and_why(tmp_path):
     assert "×" in text  # the NaN loss on the curve
 
 
+def test_the_gradient_norm_runs_from_its_first_finite_value_past_the_scalers_skips(tmp_path):
+    report = failing_report(tmp_path)
+    telemetry = Telemetry()  # steps 0 and 1 skipped: their scaled gradients overflowed
+    for step, norm in enumerate([float("nan"), float("nan"), 0.74, float("nan")]):
+        telemetry.append(step, [2.3, 2.3, 1.9, float("nan")][step], norm, 65536.0 / 2**step)
+    report.telemetry = telemetry
+    text = render(report)
+    assert "0.74 → nan" in text and "nan → nan" not in text
+    assert "2.3 → nan" in text  # the loss's own first value, as it was
+
+
 def test_zeros_that_had_no_part_in_an_overflow_are_not_offered_as_its_origin(tmp_path):
     """A matmul whose inputs hold ReLU's zeros overflowed (inf, and inf in float32 too):
     "their exact zeros may come from an earlier op's lower precision" pointed at them."""

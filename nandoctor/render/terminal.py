@@ -207,7 +207,10 @@ def _curves(report: Report) -> Table:
     grid.add_column(no_wrap=True)
     grid.add_row("loss", sparkline(t.loss, _WIDTH), _ends(t.loss))
     _mark_divergence(grid, report, "loss")
-    grid.add_row("grad norm", sparkline(t.grad_norm, _WIDTH, log=True), _ends(t.grad_norm))
+    # NB: from the first finite norm: a GradScaler's skipped steps (its first calibration)
+    # have non-finite scaled gradients, which are no NaN of the run's
+    grads = _ends(t.grad_norm, from_finite=True)
+    grid.add_row("grad norm", sparkline(t.grad_norm, _WIDTH, log=True), grads)
     _mark_divergence(grid, report, "grad_norm")
     if any(s is not None for s in t.scale):
         grid.add_row("loss scale", sparkline(t.scale, _WIDTH, log=True), _ends(t.scale))
@@ -229,8 +232,10 @@ def _mark_divergence(grid: Table, report: Report, metric: str) -> None:
 _WIDTH = 40  # sparkline columns: fits an 80-column terminal beside the labels
 
 
-def _ends(values: Sequence[float | None]) -> str:
+def _ends(values: Sequence[float | None], from_finite: bool = False) -> str:
     def fmt(v: float | None) -> str:
         return "-" if v is None else (f"{v:.4g}" if math.isfinite(v) else str(v))
 
-    return f"{fmt(values[0])} → {fmt(values[-1])}"
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    first = finite[0] if from_finite and finite else values[0]
+    return f"{fmt(first)} → {fmt(values[-1])}"
