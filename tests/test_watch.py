@@ -116,6 +116,15 @@ def test_a_command_that_never_imports_torch_keeps_its_exit_code(tmp_path):
     code, report = watch(tmp_path, PY, "-c", no_torch)
     assert code == 4 and report["status"] == "error" and report["steps_completed"] == 0
     assert any("not attached" in note for note in report["notes"])
+    # not "all 0 steps stayed finite", under an ERROR
+    assert report["summary"] == "the command exited with code 4 before any step was seen"
+
+
+def test_a_command_that_trains_nothing_says_that_nothing_was_checked(tmp_path):
+    # `-q` shows no notes: the summary says it (a CI gate read a green "0 steps finite")
+    code, report = watch(tmp_path, PY, "-c", "pass")
+    assert code == 0 and report["status"] == "healthy"
+    assert report["summary"] == "no training step was seen, so nothing was checked"
 
 
 def test_a_script_that_raises_exits_3_not_1_which_means_non_finite(tmp_path):
@@ -427,7 +436,8 @@ def test_a_step_the_script_raised_in_without_a_nan_is_not_a_step_run(tmp_path):
         "the command exited with code 1: it raised RuntimeError: disk full while logging"
         in (report["notes"])
     )
-    assert report["steps_completed"] == 3 and report["summary"] == "all 3 steps stayed finite"
+    assert report["steps_completed"] == 3
+    assert report["summary"] == "the command exited with code 1 after 3 finite steps"
     assert report["telemetry"]["step"] == [0, 1, 2]
     assert all(g > 0 for g in report["telemetry"]["grad_norm"])
 

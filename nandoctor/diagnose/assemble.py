@@ -69,7 +69,7 @@ def assemble(findings: Findings) -> Report:
         environment=f.environment,
         status=status,
         steps_completed=f.result.steps_completed,
-        summary=summarize(status, f.result, f.located),
+        summary=summarize(status, f.result, f.located, f.command_code),
         first_nonfinite=first_nonfinite(f.result, f.located),
         causes=list(f.causes),
         events=merge_events(f.result.events, divergence_events(f.result.telemetry)),

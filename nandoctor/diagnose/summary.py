@@ -24,9 +24,15 @@ NOT_VERIFIED_ON_RANKS = (
 )
 
 
-def summarize(status: str, result: RunResult, located: Localization | None = None) -> str:
+def summarize(
+    status: str,
+    result: RunResult,
+    located: Localization | None = None,
+    command_code: int | None = None,
+) -> str:
     """One sentence: what happened. `status` is the report's (an interrupt may have ended
-    the run); the sentence of a failure names the replay's phase, the precise one."""
+    the run); the sentence of a failure names the replay's phase, the precise one.
+    `command_code`: a watched command's exit code."""
     if result.status == "interrupted" or (status == "interrupted" and result.failure is None):
         ran = plural(result.steps_run, "step")
         return f"interrupted after {ran}; no non-finite value seen before"
@@ -35,6 +41,15 @@ def summarize(status: str, result: RunResult, located: Localization | None = Non
         return f"the time budget stopped the run after {ran}, all finite"
     if result.ended_by is not None:  # sys.exit() in the user's code, before any NaN
         return f"{result.ended_by}, after {plural(result.steps_run, 'finite step')}"
+    if result.failure is None and command_code is not None:
+        # NB: not "all 0 steps stayed finite" (the notes say why, but `-q` shows no notes)
+        if status == "error" and not result.steps_run:
+            return f"the command exited with code {command_code} before any step was seen"
+        if status == "error":
+            ran = plural(result.steps_run, "finite step")
+            return f"the command exited with code {command_code} after {ran}"
+        if not result.steps_run:
+            return "no training step was seen, so nothing was checked"
     if result.failure is None:
         if result.steps_run == 1:
             return "the run's one step stayed finite"
