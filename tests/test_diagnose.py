@@ -400,3 +400,9 @@ def test_the_autocast_policy_decides_the_dtype_of_softmax_and_log(project, polic
         assert any("CPU autocast casts fewer ops" in n for n in report.notes)
     else:
         assert not any("CPU autocast casts fewer ops" in n for n in report.notes)
+
+
+def test_the_cpu_autocast_note_names_the_runs_own_dtype(project):
+    precision = {"dtype": "bfloat16", "autocast_policy": "native"}
+    report = diagnose(load_config(project(base_config(precision=precision, steps=2))), NO_VERIFY)
+    assert any("softmax stays in bfloat16 on the CPU" in n for n in report.notes), report.notes

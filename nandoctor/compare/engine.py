@@ -21,7 +21,7 @@ from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run, snapsh
 from nandoctor.runtime.headroom import HeadroomProbe, went_nonfinite_in
 from nandoctor.runtime.probe import Phase
 from nandoctor.setup import distributed
-from nandoctor.setup.devices import CPU_AUTOCAST_NOTE, check_dtype_supported, resolve_device
+from nandoctor.setup.devices import check_dtype_supported, cpu_autocast_note, resolve_device
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
@@ -59,7 +59,7 @@ def compare(
     if reference is not None:
         _fill_drift(runs, next(r for r in runs if r.dtype == reference))
     policy = loaded.config.precision.autocast_policy
-    notes = [CPU_AUTOCAST_NOTE] if device.type == "cpu" and policy == "native" else []
+    notes = [cpu_autocast_note()] if device.type == "cpu" and policy == "native" else []
     threads = torch.get_num_threads()
     verdict = compare_verdict(runs, runs[0].dtype, loaded.config.steps)
     if ended is not None:

@@ -14,7 +14,7 @@ from nandoctor.localize.tracer import Finding
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Verdict
-from nandoctor.setup.devices import CPU_AUTOCAST_NOTE
+from nandoctor.setup.devices import cpu_autocast_note
 from nandoctor.setup.session import Session
 
 REPLAY_INTERRUPTED = "interrupted during the instrumented replay: where and why are unknown"
@@ -77,7 +77,7 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
         notes.append("device auto: no CUDA device found, so the run replayed on the CPU")
     native = session.autocast_policy == "native"
     if native and session.device.type == "cpu" and session.dtype != torch.float32:
-        notes.append(CPU_AUTOCAST_NOTE)
+        notes.append(cpu_autocast_note(str(session.dtype).removeprefix("torch.")))
     if result.status == "timeout":
         notes.append(
             f"time budget: stopped after {result.steps_run} of {plural(steps, 'step')}; "

@@ -6,10 +6,13 @@ import torch
 
 from nandoctor.errors import ConfigError
 
-CPU_AUTOCAST_NOTE = (
-    "CPU autocast casts fewer ops than CUDA autocast (softmax stays in float16 on the CPU, "
-    "float32 on CUDA), so numerics differ from a GPU run"
-)
+
+def cpu_autocast_note(dtype: str = "float16 or bfloat16") -> str:
+    """The note of a run that autocasts with the CPU's own lists (`dtype`: the run's)."""
+    return (
+        f"CPU autocast casts fewer ops than CUDA autocast (softmax stays in {dtype} on the "
+        "CPU, float32 on CUDA), so numerics differ from a GPU run"
+    )
 
 
 def resolve_device(name: str) -> torch.device:
