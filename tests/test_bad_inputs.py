@@ -146,6 +146,7 @@ CASES = [
     ("loss not a scalar", BASE + "loss: extra.py:per_sample\n", 2, "expected a scalar"),
     ("checkpoint missing", BASE + "checkpoint: none.pt\n", 2, "checkpoint: file not found"),
     ("checkpoint a folder", BASE + "checkpoint: .\n", 2, "is a folder, expected a checkpoint file"),
+    ("checkpoint a device", BASE + "checkpoint: /dev/null\n", 2, "checkpoint: /dev/null is not a regular file, expected a checkpoint file"),
     ("python_path missing", BASE + "python_path: [no/such/dir]\n", 2, "python_path: 'no/such/dir': folder not found"),
     ("python_path a file", BASE + "python_path: [train.py]\n", 2, "python_path: 'train.py': is not a folder"),
     ("checkpoint corrupt", BASE + "checkpoint: corrupt.pt\n", 2, "is not a readable torch checkpoint"),
@@ -196,6 +197,21 @@ def test_a_report_path_that_cannot_be_written(folder, where):
     if where.startswith("readonly") and result.exit_code == 0:
         pytest.skip("running as a user who can write anywhere (root)")
     assert result.exit_code == 2 and "--json" in result.output
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("new/", "ends in a folder, expected a file path"),  # it wrote a file named new
+        ("config.yaml/report.json", "config.yaml is a file, not a folder"),
+    ],
+)
+def test_a_report_path_that_names_no_file_is_refused_as_what_it_is(folder, path, message):
+    (folder / "config.yaml").write_text(BASE)
+    report = f"{folder}/{path}"  # NB: as typed: a Path would drop the trailing slash
+    result = runner.invoke(app, ["diagnose", str(folder / "config.yaml"), "--json", report])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (folder / "new").exists()
 
 
 def invoke_on_a_project(folder, args: list[str]):

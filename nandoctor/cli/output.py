@@ -58,7 +58,11 @@ def check_writable(path: str, option: str) -> None:
     if not path:
         raise UsageError(f"{option}: expected a file path or '-', got an empty string")
     refuse_an_option(path, option)
+    if path.endswith(("/", os.sep)):  # NB: `--json out/` wrote a file named out
+        raise UsageError(f"{option} {path}: ends in a folder, expected a file path")
     folder = Path(path).resolve().parent
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{option} {path}: {folder} is a file, not a folder")
     if not folder.is_dir():
         raise UsageError(f"{option} {path}: folder {folder} does not exist")
     if Path(path).is_dir():

@@ -32,6 +32,8 @@ class CheckpointState:
 def load(path: Path) -> CheckpointState:
     if path.is_dir():
         raise ConfigError(f"checkpoint: {path} is a folder, expected a checkpoint file")
+    if path.exists() and not path.is_file():  # NB: /dev/null, a pipe
+        raise ConfigError(f"checkpoint: {path} is not a regular file, expected a checkpoint file")
     if not path.is_file():
         raise ConfigError(f"checkpoint: file not found: {path}")
     try:
