@@ -52,6 +52,18 @@ def test_unknown_key_names_line_and_suggests(project):
     assert message.endswith("config.yaml:4: unknown key 'stesp'; did you mean 'steps'?")
 
 
+def test_a_misspelt_required_key_is_one_line_the_suggestion(project):
+    # it was two, "missing required key 'optimizer'" first
+    message = error_of(project, MINIMAL.replace("optimizer:", "optimiser:"))
+    assert message.endswith("config.yaml:3: unknown key 'optimiser'; did you mean 'optimizer'?")
+    assert "\n" not in message
+    # a key missing in its own right is still said
+    message = error_of(project, "model: train.py:build_model\noptimiser: {name: SGD}\n")
+    assert "missing required key 'data'" in message and "missing required key 'optimizer'" not in (
+        message
+    )
+
+
 def test_unknown_nested_key_is_dotted(project):
     message = error_of(project, MINIMAL + "precision:\n  dtype: float16\n  init_scal: 2.0\n")
     assert message.endswith(":6: unknown key 'precision.init_scal'; did you mean 'init_scale'?")

@@ -212,6 +212,16 @@ def format_validation_error(
     path: Path, error: pydantic.ValidationError, lines: dict[Loc, int]
 ) -> str:
     errors = sorted(error.errors(), key=lambda e: _line_of(_clean_loc(e), lines) or 0)
+    # NB: a misspelt key (`optimiser`) also leaves its key missing: the "did you mean" says
+    # both, and the "missing required key 'optimizer'" line, printed first, said less
+    meant = {
+        (*loc[:-1], close)
+        for e in errors
+        if e["type"] == "extra_forbidden"
+        and (loc := _clean_loc(e))
+        and (close := _closest(loc)) is not None
+    }
+    errors = [e for e in errors if not (e["type"] == "missing" and _clean_loc(e) in meant)]
     return "\n".join(_format_one(path, e, lines) for e in errors)
 
 
@@ -266,11 +276,19 @@ def _dotted(loc: Loc) -> str:
 def _did_you_mean(loc: Loc) -> str:
     if not loc:
         return ""
+    close = _closest(loc)
+    if close is not None:
+        return f"; did you mean '{close}'?"
     known = _known_keys(loc[:-1])
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean '{close[0]}'?"
     return f"; expected one of: {', '.join(known)}" if known else ""
+
+
+def _closest(loc: Loc) -> str | None:
+    """The accepted key an unknown one is closest to, if one is close."""
+    if not loc:
+        return None
+    close = difflib.get_close_matches(str(loc[-1]), _known_keys(loc[:-1]), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _known_keys(loc: Loc) -> list[str]:
