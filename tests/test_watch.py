@@ -635,3 +635,30 @@ def test_a_healthy_loop_that_clips_before_unscale_is_told_so(tmp_path, capfd):
     assert any(n.startswith("step 0 clipped the gradients before scaler.unscale_") for n in
                report["notes"])  # fmt: skip
     assert "clip-before-unscale" in capfd.readouterr().err
+
+
+def test_a_nan_the_scaler_hides_at_scattered_steps_is_found_where_it_began(tmp_path):
+    """A backward 0/0 at steps 4, 7, 10, ..., its loss finite: each is skipped, the clean
+    steps between end every streak, so only the scale's fall to 1 fails the run, dozens of
+    steps later. The skips are rechecked at loss scale 1 in a rerun: step 4 was no overflow."""
+    script = str(SCRIPTS / "hidden_skips.py")
+    code, report = watch(tmp_path, PY, script, "4", "3", "80", options=("--no-replay",))
+    first = report["first_nonfinite"]
+    assert code == 1 and first["step"] > 40  # unchecked: the collapse, long after
+    assert {e["reason"] for e in report["events"] if e["kind"] == "scaler-skip"} == {"unchecked"}
+
+    code, report = watch(tmp_path, PY, script, "4", "3", "80")
+    first = report["first_nonfinite"]
+    assert code == 1 and (first["step"], first["phase"], first["op"]) == (
+        4,
+        "backward",
+        "aten.div.Tensor",
+    )
+    assert (
+        "but its gradients are non-finite at loss scale 1 too (rechecked in a rerun"
+        in (report["summary"])
+    )
+    assert "SqrtBackward0" in report["summary"]
+    assert [c["id"] for c in report["causes"]][:1] == ["nondifferentiable-point"]
+    assert "grad-scaler-collapse" not in [c["id"] for c in report["causes"]]
+    assert report["steps_completed"] == 4 and report["telemetry"]["step"][-1] == 4

@@ -104,10 +104,35 @@ def _each(method: str, *args: Any) -> None:
         getattr(listener, method)(*args)
 
 
+_graph_keepers: list[Callable[[], bool]] = []
+
+
+def keep_graph_when(keeper: Callable[[], bool]) -> None:
+    """While `keeper()` says so, a backward keeps its graph (`retain_graph=True`): a
+    rerun that recomputes a step's gradients at loss scale 1 from its unscaled loss
+    (`watch/recheck.py`). Removed with `unkeep`; installs nothing by itself."""
+    _graph_keepers.append(keeper)
+
+
+def unkeep(keeper: Callable[[], bool]) -> None:
+    if keeper in _graph_keepers:
+        _graph_keepers.remove(keeper)
+
+
+def _retaining(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`torch.autograd.backward`'s arguments with retain_graph=True (`Tensor.backward`
+    passes it as the third positional one)."""
+    if len(args) >= 2:
+        return (args[0], True, *args[2:]), kwargs
+    return args, {**kwargs, "retain_graph": True}
+
+
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         _each("backward_started", tensors)
+        if _graph_keepers and any(keep() for keep in _graph_keepers):
+            args, kwargs = _retaining(args, kwargs)
         try:
             out = original(tensors, *args, **kwargs)
         except BaseException:

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from nandoctor.diagnose.lr_history import LrHistory
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.probe import Probes, StepContext
+from nandoctor.runtime.probe import Probe, Probes, StepContext
 from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.watch import protocol
 from nandoctor.watch.protocol import Settings
+from nandoctor.watch.recheck import SkipRecheck
 
 if TYPE_CHECKING:
     from nandoctor.localize.tracer import Tracer
@@ -68,9 +69,17 @@ class Watched:
         self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
         self.result = RunResult("healthy", self.run.start_step, 0)
         self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
+        self.recheck: SkipRecheck | None = None
+        self.rechecked: dict[int, bool] = {}
+        if settings.recheck_steps:  # a recheck run: the first run's skips, at loss scale 1
+            self.recheck = SkipRecheck(self.run, settings.recheck_steps, self._rechecked)
+            self.recheck.__enter__()
+        probes: list[Probe] = [self.sentinel, self.lrs]
+        if self.recheck is not None:
+            probes.append(self.recheck)
         self.hooks = StepHooks(
             self.run,
-            Probes(self.sentinel, self.lrs),
+            Probes(*probes),
             on_step_start=self._step_started,
             on_step_end=self._step_ended,
             on_model=self._model_known,
@@ -141,6 +150,18 @@ class Watched:
             f"nandoctor watch: step {verdict.step} went non-finite (phase {phase}): "
             f"{verdict.why}; the script goes on (--continue), the report comes at its end\n"
         )
+
+    def _rechecked(self, step: int, bad: bool) -> None:
+        """A recheck run's answer for one skip: written at once; the run stops at the
+        first skip that hid a real failure, or after the last one."""
+        self.rechecked[step] = bad
+        protocol.write_json(
+            protocol.recheck_file(self.settings.dir, self.pid),
+            {"checked": [[s, b] for s, b in self.rechecked.items()]},
+        )
+        if bad or step >= max(self.settings.recheck_steps or [step]):
+            self._detach()
+            self._stop()
 
     # -- the tracer on the replayed step ------------------------------------------------------
     def _update_tracker(self) -> UpdateTracker:
@@ -215,6 +236,8 @@ class Watched:
 
     def _detach(self) -> None:
         self.hooks.__exit__(None, None, None)
+        if self.recheck is not None:
+            self.recheck.__exit__(None, None, None)
 
     def _stop(self) -> None:
         self.written = True

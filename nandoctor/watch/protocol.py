@@ -8,7 +8,8 @@ torch is imported.
 Each watched process writes, into `dir`, `attached-<pid>` when it attaches (torch was
 imported), `run-<pid>.json` with what its sentinel saw, `raised-<pid>` when it dies of
 an uncaught exception (torch imported or not), and on a replay run `trace-<pid>.json`
-with what the tracer found at `trace_step`; both JSON files say the process's place in a
+with what the tracer found at `trace_step` (on a recheck run, `recheck-<pid>.json`: the
+skips rechecked at loss scale 1); both JSON files say the process's place in a
 job of several ranks (`job_place`).
 """
 
@@ -29,6 +30,7 @@ class Settings:
     keep_going: bool = False  # --continue: record the first bad step, let the script go on
     trace_step: int | None = None  # a replay run: trace this step, then stop
     loss_scale: float | None = None  # the replayed step's GradScaler scale (a collapse)
+    recheck_steps: list[int] | None = None  # a recheck run: these skips, at loss scale 1
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -68,6 +70,12 @@ def raised_marker(folder: str, pid: int) -> Path:
 
 def run_file(folder: str, pid: int) -> Path:
     return Path(folder) / f"run-{pid}.json"
+
+
+def recheck_file(folder: str, pid: int) -> Path:
+    """A recheck run's answers: each rechecked skip's step, and whether its gradients were
+    non-finite at loss scale 1 (`watch/recheck.py`)."""
+    return Path(folder) / f"recheck-{pid}.json"
 
 
 def trace_file(folder: str, pid: int) -> Path:

@@ -105,6 +105,14 @@ def _verdict(data: dict[str, Any]) -> Verdict:
     return Verdict(**{**data, "reading": Reading(**data["reading"]), "phase": phase})
 
 
+def load_rechecks(folder: str) -> dict[int, bool]:
+    """A recheck run's answers: step -> its gradients were non-finite at loss scale 1."""
+    answers: dict[int, bool] = {}
+    for p in sorted(Path(folder).glob("recheck-*.json")):
+        answers.update({int(s): bool(b) for s, b in json.loads(p.read_text())["checked"]})
+    return answers
+
+
 def load_traces(folder: str) -> list[Trace]:
     """Every process's replay, the one that found the failure first first (`_trace_order`)."""
     traces = [_trace(json.loads(p.read_text())) for p in sorted(Path(folder).glob("trace-*.json"))]

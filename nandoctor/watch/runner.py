@@ -31,7 +31,7 @@ from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.hooks import CLIP_BEFORE_UNSCALE
 from nandoctor.runtime.record import RunResult
-from nandoctor.watch import results
+from nandoctor.watch import recheck, results
 from nandoctor.watch.process import INTERRUPTED_CODE, TIMED_OUT_CODE, run_command
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, Settings
 from nandoctor.watch.ranks import JobRanks, job_ranks
@@ -82,7 +82,9 @@ def watched(
         notes = [f"no replay: the command was interrupted; {_RERUN_HINT}"]
     elif first is not None and failure is not None and failure.step is not None:
         try:
-            located, notes = _maybe_replay(command, first.result, options, on_replay, traces)
+            first, notes = _maybe_recheck(command, first, runs, options)
+            located, more = _maybe_replay(command, first.result, options, on_replay, traces)
+            notes += more
         except KeyboardInterrupt:  # NB: Ctrl-C (or SIGTERM) while the rerun ran
             interrupted = REPLAY_INTERRUPTED
     job = None
@@ -93,6 +95,38 @@ def watched(
     if interrupted:
         return Watched(report, INTERRUPTED_CODE)
     return Watched(report, int(ExitCode.USER_CODE) if raised is not None else code)
+
+
+def _maybe_recheck(
+    command: list[str],
+    first: results.ChildRun,
+    runs: list[results.ChildRun],
+    options: WatchOptions,
+) -> tuple[results.ChildRun, list[str]]:
+    """A collapse of the GradScaler's scale, from skips nothing could recheck: the command
+    run again, each of those skips rechecked at loss scale 1 (`recheck`). The first that
+    was no overflow is the failure, where the scaler began hiding it."""
+    steps = recheck.steps_to_recheck(first.result)
+    several = any(r.rank is not None for r in runs)  # NB: a job of ranks: not rechecked
+    fits = options.replay and first.result.seconds <= options.replay_budget
+    if not steps or several or not fits:
+        return first, []
+    timeout = max(RERUN_MIN_S, 3 * first.result.seconds + RERUN_SLACK_S)
+    with tempfile.TemporaryDirectory(prefix="nandoctor-recheck-") as folder:
+        settings = Settings(folder, recheck_steps=steps)
+        log = Path(folder) / "recheck.log"
+        run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
+        answers = results.load_rechecks(folder)
+        last = _last_line(log)
+    if not answers:
+        tail = f"; its last output: {last}" if last else ""
+        why = f"the rerun of the command rechecked none{tail}"
+        return first, [f"the GradScaler's skips could not be rechecked at loss scale 1: {why}"]
+    result = recheck.with_answers(first.result, answers)
+    facts = first.facts
+    if result.failure is not None and not result.failure.collapsed:  # NB: a hidden failure
+        facts = replace(facts, collapsed=False, collapse_why="")
+    return replace(first, result=result, facts=facts), []
 
 
 def _maybe_replay(
