@@ -90,6 +90,23 @@ def test_undecodable_bytes_are_reported_with_their_line_and_the_remedy(tmp_path)
     assert result.files_checked == 0 and result.fails(Severity.ERROR)
 
 
+@pytest.mark.parametrize("first_line", [b"x = '\xff\xfe'\n", b"import torch\ny = '\xff'\n"])
+def test_undecodable_bytes_in_the_first_two_lines_have_their_line_too(tmp_path, first_line):
+    # Python's encoding detection reads them: "invalid or missing encoding declaration"
+    path = tmp_path / "latin.py"
+    path.write_bytes(first_line)
+    (skipped,) = lint_paths([path]).skipped
+    assert skipped.line == first_line.count(b"\n", 0, first_line.index(b"\xff")) + 1
+    assert skipped.reason.startswith("cannot read: byte 0xff is not utf-8")
+
+
+def test_a_cookie_naming_no_encoding_says_so(tmp_path):
+    path = tmp_path / "odd.py"
+    path.write_bytes(b"# -*- coding: klingon -*-\nimport torch\n")
+    (skipped,) = lint_paths([path]).skipped
+    assert "unknown encoding" in skipped.reason and "klingon" in skipped.reason
+
+
 def test_a_nul_byte_is_reported_with_its_line(tmp_path):
     path = write(tmp_path, "blob.py", "import torch\nx = 1\0\n")
     (skipped,) = lint_paths([path]).skipped

@@ -208,5 +208,11 @@ def _finding(src: Source, check: Check, hit: Hit, config: LintConfig) -> Finding
 def _read(path: Path) -> str:
     """Decode as Python does: a coding cookie or BOM, else UTF-8."""
     data = path.read_bytes()
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError:
+        # NB: its "invalid or missing encoding declaration" names no line: the bytes that
+        # are no UTF-8 do (`_undecodable`), unless a cookie names an unknown encoding
+        data.decode("utf-8")
+        raise
     return data.decode(encoding)
