@@ -406,3 +406,21 @@ def test_the_cpu_autocast_note_names_the_runs_own_dtype(project):
     precision = {"dtype": "bfloat16", "autocast_policy": "native"}
     report = diagnose(load_config(project(base_config(precision=precision, steps=2))), NO_VERIFY)
     assert any("softmax stays in bfloat16 on the CPU" in n for n in report.notes), report.notes
+
+
+ZEROED = """
+import torch.nn.functional as F
+
+
+def zeroed(model, batch):
+    x, y = batch
+    return 0.0 * F.cross_entropy(model(x), y)  # a loss that no longer depends on the weights
+"""
+
+
+def test_a_healthy_run_that_learns_nothing_says_so(project):
+    path = project(base_config(loss="losses.py:zeroed", steps=12))
+    (path.parent / "losses.py").write_text(ZEROED)
+    report = diagnose(load_config(path), NO_VERIFY)
+    assert report.status == "healthy"
+    assert any(n.startswith("the gradient norm was exactly 0 at every step") for n in report.notes)

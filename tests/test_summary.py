@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from nandoctor.diagnose.summary import replay_notes
+from nandoctor.diagnose.summary import dead_gradients_note, replay_notes
 from nandoctor.localize.replay import Localization
+from nandoctor.report.telemetry import Telemetry
 from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Reading, Verdict
 
 
@@ -33,3 +35,23 @@ def test_weights_broken_before_a_step_the_replay_found_finite_were_changed_outsi
     (note,) = replay_notes(Localization(4, None), verdict(Phase.PARAMETERS))
     assert "the weights were non-finite when step 4 began" in note
     assert "something outside the steps changed them" in note
+
+
+def _run(norms: list[float]) -> RunResult:
+    telemetry = Telemetry()
+    for step, norm in enumerate(norms):
+        telemetry.append(step, 4.16, norm, None)
+    return RunResult("healthy", 0, len(norms), None, telemetry)
+
+
+def test_gradients_exactly_zero_to_the_end_are_said_the_run_learns_nothing():
+    (note,) = dead_gradients_note(_run([1.7, 300.0, 6e9] + [0.0] * 12))
+    assert note.startswith("the gradient norm was exactly 0 from step 3 on (12 steps)")
+    (note,) = dead_gradients_note(_run([0.0] * 10))
+    assert note.startswith("the gradient norm was exactly 0 at every step (10 steps)")
+
+
+def test_a_few_zero_gradients_or_ones_that_recover_are_no_dead_network():
+    assert dead_gradients_note(_run([1.0] * 5 + [0.0] * 9)) == []  # NB: fewer than 10
+    assert dead_gradients_note(_run([0.0] * 20 + [0.3])) == []
+    assert dead_gradients_note(_run([1.0, float("nan")] + [0.0] * 3)) == []

@@ -13,7 +13,7 @@ import dataclasses
 import signal
 from dataclasses import dataclass, field
 
-from nandoctor.diagnose.summary import replay_notes, summarize
+from nandoctor.diagnose.summary import dead_gradients_note, replay_notes, summarize
 from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.tracer import Finding
@@ -176,7 +176,9 @@ def _ranks(f: Findings) -> list[RankReport] | None:
 def _notes(f: Findings) -> list[str]:
     """The driver's notes, then the replay's, then the engines' (an interrupt last)."""
     interrupted = [f.interrupted] if f.interrupted is not None else []
-    return [*f.notes, *replay_notes(f.located, f.result.failure), *f.later_notes, *interrupted]
+    replay = replay_notes(f.located, f.result.failure)
+    dead = dead_gradients_note(f.result)
+    return [*f.notes, *replay, *dead, *f.later_notes, *interrupted]
 
 
 def _timing(f: Findings) -> dict[str, float]:

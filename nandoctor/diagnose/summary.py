@@ -96,6 +96,31 @@ def globals_notes() -> list[str]:
     ]
 
 
+DEAD_STEPS = 10  # a gradient norm of exactly 0 this many steps in a row, to the end
+
+
+def dead_gradients_note(result: RunResult) -> list[str]:
+    """A run whose gradients were exactly 0 for its last steps learns nothing any more,
+    however finite: a network that blew up and saturated (dead ReLUs, a softmax at its
+    extremes), or a loss that no longer depends on the weights. Said, not failed: finite
+    is healthy (SPEC), but the reader should not take it for a run that trains."""
+    steps, norms = result.telemetry.step, result.telemetry.grad_norm
+    tail = 0
+    for norm in reversed(norms):
+        if norm != 0.0:
+            break
+        tail += 1
+    if tail < DEAD_STEPS:
+        return []
+    since = steps[len(steps) - tail]
+    every = "at every step" if tail == len(steps) else f"from step {since} on"
+    return [
+        f"the gradient norm was exactly 0 {every} ({plural(tail, 'step')}): nothing has "
+        "learned since (dead units after a blow-up, a saturated softmax, or a loss that no "
+        "longer depends on the weights)"
+    ]
+
+
 def replay_notes(located: Localization | None, failure: Verdict | None = None) -> list[str]:
     """What the replay of the bad step has to say about itself, if anything (first,
     that it left the run's path on the way, when it did)."""
