@@ -49,7 +49,7 @@ from nandoctor.registry import Registry
 from nandoctor.report.types import Cause
 from nandoctor.runtime.fast_run import fast_run
 from nandoctor.runtime.patches import PATCHES, MathPatch, OpSite, OriginGuardPatch
-from nandoctor.runtime.probe import Probe
+from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.safe_ops import family
 from nandoctor.runtime.snapshot import StateSnapshot
@@ -419,7 +419,9 @@ def _judge(
     fixed = f"{plan.describe}, {where}{' (resumed from a snapshot)' if resumed else ''}"
     if result.failure is not None:
         f = result.failure
-        phase = f.phase.value if f.phase else "?"
+        # NB: a replay's sentinel leaves the model's output to the loss (not `thorough`): a
+        # NaN the forward made shows in the loss, as diagnosing it would place in forward
+        phase = "forward or loss" if f.phase is Phase.LOSS else (f.phase.value if f.phase else "?")
         why = f"{fixed}, the run still went non-finite at step {f.step} (phase {phase})"
         return Verdict(Replay.REFUTED, why)
     finite = f"{result.steps_run}/{steps} steps stayed finite, to step {target}"
