@@ -622,6 +622,11 @@ def test_a_collapse_is_told_in_the_telemetrys_numbers():
     assert cause.evidence[0] == (
         "the GradScaler skipped 14 steps in a row from step 3; the loss scale went from 65536 to 8"
     )
+    # one skip, at scale 1 (below which it collapsed): it "went from 1 to 1"
+    trends = replace(CALM, final_streak=1, final_streak_start=43, final_scales=(1.0, 1.0))
+    (cause,) = [c for c in rank(case("aten.mm.default", "backward", trends=trends, facts=facts))
+                if c.id == "grad-scaler-collapse"]  # fmt: skip
+    assert cause.evidence[0] == "the GradScaler skipped step 43 at loss scale 1"
 
 
 def test_an_unreproduced_failure_has_no_none_in_its_sentences():

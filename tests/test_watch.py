@@ -85,6 +85,16 @@ def test_continue_lets_the_script_finish_and_still_exits_1(tmp_path, capfd):
     assert report["causes"][0]["id"] == "nonfinite-input"
 
 
+def test_after_continue_the_command_is_not_rerun_over_its_finished_files(tmp_path, capfd):
+    """A rerun repeats the script's side effects: after --continue it would write the
+    bad step's checkpoint over the one the finished run saved."""
+    script = str(SCRIPTS / "nan_input.py")
+    code, report = watch(tmp_path, PY, script, "3", "6", options=("--continue",))
+    assert code == 1 and capfd.readouterr().out.count("trained 6 steps") == 1
+    assert report["first_nonfinite"]["reproduced"] is None  # not replayed
+    assert report["notes"][0].startswith("no replay after --continue: a rerun would repeat")
+
+
 @pytest.mark.parametrize("nan_at", [0, 3])  # the model met in that call, or known before
 def test_a_nan_in_keyword_labels_is_the_input_phase_and_named(tmp_path, nan_at):
     code, report = watch(tmp_path, PY, str(SCRIPTS / "keyword_labels.py"), str(nan_at), "6")
@@ -662,3 +672,30 @@ def test_a_nan_the_scaler_hides_at_scattered_steps_is_found_where_it_began(tmp_p
     assert [c["id"] for c in report["causes"]][:1] == ["nondifferentiable-point"]
     assert "grad-scaler-collapse" not in [c["id"] for c in report["causes"]]
     assert report["steps_completed"] == 4 and report["telemetry"]["step"][-1] == 4
+
+
+@pytest.mark.parametrize("mode", ["twoscaled", "retain"])
+def test_the_recheck_sees_every_scaled_loss_and_keeps_a_graph_the_loop_backwards_again(
+    tmp_path, mode
+):
+    """`(scale(a) + scale(b)).backward()`: the NaN in `a`, scaled first, was not rechecked
+    (every skip read "overflow"); `scale(a).backward(retain_graph=True)` then
+    `scale(b).backward()`: the recheck freed the graph, and the loop raised in the rerun."""
+    script = str(SCRIPTS / "hidden_skips.py")
+    code, report = watch(tmp_path, PY, script, "4", "3", "80", mode)
+    assert code == 1 and report["first_nonfinite"]["step"] == 4
+    assert "non-finite at loss scale 1 too (rechecked in a rerun" in report["summary"]
+
+
+def test_a_rerun_that_skips_other_steps_leaves_the_skips_unchecked(tmp_path):
+    """A script whose runs differ: the rerun's answers are not the first run's steps'."""
+    script = str(SCRIPTS / "hidden_skips.py")
+    state = str(tmp_path / "state")
+    code, report = watch(tmp_path, PY, script, "4", "3", "80", "differs", state)
+    assert code == 1 and report["first_nonfinite"]["step"] > 40  # the first run's collapse
+    assert report["notes"][0] == (
+        "the GradScaler's skips could not be rechecked at loss scale 1: the rerun of the "
+        "command did not skip step 4, as the first run did, so the script is not "
+        "deterministic: seed Python, numpy and torch, and fix its data order"
+    )
+    assert {e["reason"] for e in report["events"] if e["kind"] == "scaler-skip"} == {"unchecked"}

@@ -70,6 +70,9 @@ def _streak(case: Case) -> str:
     if not t.final_streak:
         return case.facts.collapse_why
     first, last = t.final_scales
+    if t.final_streak == 1:  # NB: one skip, at a scale below which the scale collapsed
+        at = f" at loss scale {last:g}" if last else ""
+        return f"the GradScaler skipped step {t.final_streak_start}{at}"
     scale = f"; the loss scale went from {first:g} to {last:g}" if first and last else ""
     return (
         f"the GradScaler skipped {plural(t.final_streak, 'step')} in a row from step "

@@ -88,7 +88,7 @@ def watch(
         from nandoctor.render.terminal import render_report
         from nandoctor.watch import runner
 
-        opts = runner.WatchOptions(replay, replay_budget, stdout_to_stderr=to_stderr)
+        opts = runner.WatchOptions(replay, replay_budget, to_stderr, kept_going=keep_going)
         watched = runner.watched(list(command), folder, code, opts, on_replay=on_replay)
     render_report(console, watched.report, quiet=quiet, divergence_fails=fail_on_divergence)
     if tensorboard_dir:

@@ -119,9 +119,21 @@ def unkeep(keeper: Callable[[], bool]) -> None:
         _graph_keepers.remove(keeper)
 
 
+_asked_to_retain = False  # the last backward's own retain_graph (or create_graph)
+
+
+def asked_to_retain() -> bool:
+    """Whether the last backward's caller kept its graph itself (a loop that backwards
+    through it again): whoever uses the graph after must then keep it too."""
+    return _asked_to_retain
+
+
 def _retaining(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """`torch.autograd.backward`'s arguments with retain_graph=True (`Tensor.backward`
-    passes it as the third positional one)."""
+    passes it as the third positional one, create_graph as the fourth)."""
+    global _asked_to_retain
+    given = [*args[1:3], kwargs.get("retain_graph"), kwargs.get("create_graph")]
+    _asked_to_retain = any(bool(v) for v in given if not isinstance(v, torch.Tensor))
     if len(args) >= 2:
         return (args[0], True, *args[2:]), kwargs
     return args, {**kwargs, "retain_graph": True}

@@ -70,7 +70,7 @@ class Watched:
         self.result = RunResult("healthy", self.run.start_step, 0)
         self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
         self.recheck: SkipRecheck | None = None
-        self.rechecked: dict[int, bool] = {}
+        self.rechecked: dict[int, tuple[bool, bool]] = {}
         if settings.recheck_steps:  # a recheck run: the first run's skips, at loss scale 1
             self.recheck = SkipRecheck(self.run, settings.recheck_steps, self._rechecked)
             self.recheck.__enter__()
@@ -151,15 +151,16 @@ class Watched:
             f"{verdict.why}; the script goes on (--continue), the report comes at its end\n"
         )
 
-    def _rechecked(self, step: int, bad: bool) -> None:
+    def _rechecked(self, step: int, skipped: bool, bad: bool) -> None:
         """A recheck run's answer for one skip: written at once; the run stops at the
-        first skip that hid a real failure, or after the last one."""
-        self.rechecked[step] = bad
+        first skip that hid a real failure, at one this run did not skip (it is not the
+        first run's: a script that is not deterministic), or after the last one."""
+        self.rechecked[step] = (skipped, bad)
         protocol.write_json(
             protocol.recheck_file(self.settings.dir, self.pid),
-            {"checked": [[s, b] for s, b in self.rechecked.items()]},
+            {"checked": [[s, *answer] for s, answer in self.rechecked.items()]},
         )
-        if bad or step >= max(self.settings.recheck_steps or [step]):
+        if bad or not skipped or step >= max(self.settings.recheck_steps or [step]):
             self._detach()
             self._stop()
 

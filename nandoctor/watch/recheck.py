@@ -32,20 +32,29 @@ from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import OVERFLOW, UNCHECKED, Reading, Verdict
 from nandoctor.runtime.tensors import nonfinite
 
-Checked = Callable[[int, bool], None]  # (step, non-finite at loss scale 1)
+# (step, the rerun skipped it too, its gradients were non-finite at loss scale 1)
+Checked = Callable[[int, bool, bool], None]
+
+
+def _false(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.bool, device=device)
 
 
 class SkipRecheck(Probe):
-    """At each of `steps`, the gradients of every backward's unscaled loss, checked;
-    `checked(step, bad)` is told as the step ends. A probe for the steps, and a listener
-    of `wrappers` for the loss a GradScaler scales, as it is (the hooks' is detached)."""
+    """At each of `steps`, the gradients of every backward's unscaled losses, checked;
+    `checked(step, skipped, bad)` is told as the step ends: whether the rerun skipped the
+    step too (its scaled gradients non-finite, as the first run's were: a script that
+    is not deterministic does not), and whether they are non-finite at loss scale 1. A
+    probe for the steps, and a listener of `wrappers` for the losses a GradScaler scales,
+    as they are (the hooks' are detached)."""
 
     forward_phase = False
 
     def __init__(self, run: HookedRun, steps: list[int], checked: Checked) -> None:
         self.run, self.steps, self.checked = run, set(steps), checked
         self._step: int | None = None
-        self._loss: torch.Tensor | None = None
+        self._losses: list[torch.Tensor] = []
+        self._scaled: list[torch.Tensor] = []  # NB: per backward: its scaled gradients' flag
         self._flags: list[torch.Tensor] = []
 
     def __enter__(self) -> SkipRecheck:
@@ -62,25 +71,44 @@ class SkipRecheck(Probe):
 
     # -- the probe: which step -------------------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
-        self._step, self._loss, self._flags = ctx.step, None, []
+        self._step, self._losses, self._scaled, self._flags = ctx.step, [], [], []
 
     def step_ended(self, ctx: StepContext) -> None:
         if self._step in self.steps and self._flags:
-            self.checked(ctx.step, bool(torch.stack(self._flags).any()))
+            skipped = bool(torch.stack(self._scaled).any())
+            self.checked(ctx.step, skipped, bool(torch.stack(self._flags).any()))
 
-    # -- the listener: the loss, and its backward --------------------------------------------
+    # -- the listener: the losses, and their backward ------------------------------------------
     def scaled(self, scaler: torch.amp.GradScaler, loss: torch.Tensor, out: torch.Tensor) -> None:
         if self._keeps():
-            self._loss = loss  # NB: unscaled: the scale multiplies it after
+            # NB: unscaled (the scale multiplies it after); every one since the last backward:
+            # `(scaler.scale(l1) + scaler.scale(l2)).backward()` backwards both
+            self._losses.append(loss)
 
     def backward_ended(self, ok: bool) -> None:
-        loss, self._loss = self._loss, None
-        if ok and loss is not None and loss.requires_grad:
-            params = [p for p in self.run.params if p.requires_grad]
-            grads = torch.autograd.grad(loss, params, allow_unused=True)  # frees the graph
-            present = [g for g in grads if g is not None]
-            if present:
-                self._flags.append(nonfinite(present, loss.device))
+        losses, self._losses = self._losses, []
+        live = [loss for loss in losses if loss.requires_grad]
+        if not ok or not live:
+            return
+        params = self._params()
+        scaled = [p.grad for p in params if p.grad is not None]
+        device = live[0].device
+        self._scaled.append(nonfinite(scaled, device) if scaled else _false(device))
+        # NB: the graph kept for this, freed after, unless the loop backwards through it again
+        keep = wrappers.asked_to_retain()
+        total = torch.stack([loss.float().reshape(()) for loss in live]).sum()
+        grads = torch.autograd.grad(total, params, allow_unused=True, retain_graph=keep)
+        present = [g for g in grads if g is not None]
+        self._flags.append(nonfinite(present, device) if present else _false(device))
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        """Every trainable weight the loop may have backwarded into: its optimizers' and its
+        root modules' (a GAN's generator, before its optimizer ever stepped)."""
+        seen = {id(p): p for p in self.run.params if p.requires_grad}
+        for module in [self.run.model, *self.run.others]:
+            if module is not None:
+                seen.update((id(p), p) for p in module.parameters() if p.requires_grad)
+        return list(seen.values())
 
     def backward_started(self, tensors: Any) -> None:
         pass

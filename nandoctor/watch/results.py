@@ -105,11 +105,13 @@ def _verdict(data: dict[str, Any]) -> Verdict:
     return Verdict(**{**data, "reading": Reading(**data["reading"]), "phase": phase})
 
 
-def load_rechecks(folder: str) -> dict[int, bool]:
-    """A recheck run's answers: step -> its gradients were non-finite at loss scale 1."""
-    answers: dict[int, bool] = {}
+def load_rechecks(folder: str) -> dict[int, tuple[bool, bool]]:
+    """A recheck run's answers: step -> (the rerun skipped it too, its gradients were
+    non-finite at loss scale 1)."""
+    answers: dict[int, tuple[bool, bool]] = {}
     for p in sorted(Path(folder).glob("recheck-*.json")):
-        answers.update({int(s): bool(b) for s, b in json.loads(p.read_text())["checked"]})
+        for step, skipped, bad in json.loads(p.read_text())["checked"]:
+            answers[int(step)] = (bool(skipped), bool(bad))
     return answers
 
 

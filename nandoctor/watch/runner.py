@@ -47,6 +47,7 @@ class WatchOptions:
     replay: bool = True
     replay_budget: float = DEFAULT_REPLAY_BUDGET
     stdout_to_stderr: bool = False  # the report goes to stdout (`--json -`): keep it clean
+    kept_going: bool = False  # --continue: the script ran to its end (its files are final)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def _maybe_recheck(
     was no overflow is the failure, where the scaler began hiding it."""
     steps = recheck.steps_to_recheck(first.result)
     several = any(r.rank is not None for r in runs)  # NB: a job of ranks: not rechecked
-    fits = options.replay and first.result.seconds <= options.replay_budget
+    fits = options.replay and not options.kept_going
+    fits = fits and first.result.seconds <= options.replay_budget
     if not steps or several or not fits:
         return first, []
     timeout = max(RERUN_MIN_S, 3 * first.result.seconds + RERUN_SLACK_S)
@@ -118,11 +120,17 @@ def _maybe_recheck(
         run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
         answers = results.load_rechecks(folder)
         last = _last_line(log)
+    unchecked = "the GradScaler's skips could not be rechecked at loss scale 1"
     if not answers:
         tail = f"; its last output: {last}" if last else ""
-        why = f"the rerun of the command rechecked none{tail}"
-        return first, [f"the GradScaler's skips could not be rechecked at loss scale 1: {why}"]
-    result = recheck.with_answers(first.result, answers)
+        return first, [f"{unchecked}: the rerun of the command rechecked none{tail}"]
+    if (other := next((s for s, (skipped, _) in answers.items() if not skipped), None)) is not None:
+        return first, [
+            f"{unchecked}: the rerun of the command did not skip step {other}, as the first run "
+            "did, so the script is not deterministic: seed Python, numpy and torch, and fix "
+            "its data order"
+        ]
+    result = recheck.with_answers(first.result, {s: bad for s, (_, bad) in answers.items()})
     facts = first.facts
     if result.failure is not None and not result.failure.collapsed:  # NB: a hidden failure
         facts = replace(facts, collapsed=False, collapse_why="")
@@ -141,6 +149,12 @@ def _maybe_replay(
     assert failure is not None and failure.step is not None
     if not options.replay:
         return None, [f"no replay (--no-replay): {_RERUN_HINT}"]
+    if options.kept_going:
+        return None, [
+            "no replay after --continue: a rerun would repeat the script's side effects (its "
+            "checkpoints, its logs) over those of the run that went on to its end; "
+            f"{_RERUN_HINT} (rerun without --continue for them)"
+        ]
     if result.seconds > options.replay_budget:
         return None, [
             f"no replay: the command took {_seconds(result.seconds)} to fail, more than the "
