@@ -1119,3 +1119,32 @@ def test_after_raising_the_gradients_are_the_failing_steps_not_the_replays():
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None for g in grads)
     assert not torch.isfinite(model[2].weight.grad).all()
+
+
+def test_a_collapse_the_with_form_could_not_recheck_says_what_else_it_may_be():
+    """A backward 0/0 at steps 4, 7, 10, ... (loss finite): the `with` form cannot rerun
+    the loop, so its skips are unchecked and only the scale's collapse fails it; the cause
+    says that a NaN the scaler hid collapses the scale too, and who rechecks each skip."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu")
+    g = torch.Generator().manual_seed(1)
+    with pytest.raises(NonFiniteError) as caught, Guard(model, optimizer, scaler=scaler):
+        for step in range(80):
+            x, y = torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = model(x)
+                loss = F.cross_entropy(logits.float(), y)
+                if step >= 4 and (step - 4) % 3 == 0:
+                    loss = loss + 0.0 * torch.sqrt((logits - logits.detach()).float().pow(2).sum())
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    report = caught.value.report
+    (collapse,) = [c for c in report.causes if c.id == "grad-scaler-collapse"]
+    assert any(
+        e.startswith("its skips were not rechecked at loss scale 1 (the loop could not be rerun)")
+        for e in collapse.evidence
+    ), collapse.evidence

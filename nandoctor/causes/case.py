@@ -60,6 +60,9 @@ class RunFacts:
     start_step: int = 0
     collapsed: bool = False  # the failure was a GradScaler streak whose scale collapsed
     collapse_why: str = ""
+    # ...whose skips no rerun could recheck at loss scale 1 (Guard's `with` form): a NaN
+    # the scaler hid collapses the scale as an overflow does
+    collapse_unchecked: bool = False
     # `lr` is the rate in effect at the failing step (the optimizer's param_groups[0]);
     # `lr_start` the one the run started with, `lr_jump` the largest jump between them,
     # `scheduler` the scheduler's class, when the run had one

@@ -69,6 +69,7 @@ def facts_of(
         start_step=result.start_step,
         collapsed=collapsed,
         collapse_why=failure.why if collapsed and failure is not None else "",
+        collapse_unchecked=failure is not None and failure.collapsed_unchecked,
         lr_start=lr_start,
         lr_jump=lr_jump,
         scheduler=type(scheduler).__name__ if scheduler is not None else None,

@@ -167,6 +167,12 @@ class Verdict:
         return self.phase is Phase.BACKWARD and self.reading.scale is not None and not self.hidden
 
     @property
+    def collapsed_unchecked(self) -> bool:
+        """A collapse whose skips no rerun rechecked at loss scale 1 (a hooked loop): a NaN
+        the scaler hid at each of them collapses the scale as an overflow does."""
+        return self.collapsed and self.skip_reason == UNCHECKED
+
+    @property
     def replay_scale(self) -> float | None:
         """The loss scale a replay of this failure runs at: 1 for a failure the scaler hid
         (no overflow of the scale can then hide or fake the origin), the scale a collapse

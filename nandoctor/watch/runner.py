@@ -131,8 +131,10 @@ def _maybe_recheck(
             "its data order"
         ]
     result = recheck.with_answers(first.result, {s: bad for s, (_, bad) in answers.items()})
-    facts = first.facts
-    if result.failure is not None and not result.failure.collapsed:  # NB: a hidden failure
+    failure = result.failure
+    still = failure is not None and failure.collapsed_unchecked  # NB: not all were answered
+    facts = replace(first.facts, collapse_unchecked=still)
+    if failure is not None and not failure.collapsed:  # NB: a hidden failure
         facts = replace(facts, collapsed=False, collapse_why="")
     return replace(first, result=result, facts=facts), []
 
