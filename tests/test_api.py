@@ -1145,6 +1145,6 @@ def test_a_collapse_the_with_form_could_not_recheck_says_what_else_it_may_be():
     report = caught.value.report
     (collapse,) = [c for c in report.causes if c.id == "grad-scaler-collapse"]
     assert any(
-        e.startswith("its skips were not rechecked at loss scale 1 (the loop could not be rerun)")
+        e.startswith("its skips were not rechecked at loss scale 1 (no rerun of the loop did)")
         for e in collapse.evidence
     ), collapse.evidence

@@ -55,10 +55,10 @@ def grad_scaler_collapse(case: Case) -> Hit | None:
     evidence = [_streak(case)]
     if case.facts.collapse_unchecked:
         evidence.append(
-            "its skips were not rechecked at loss scale 1 (the loop could not be rerun): a "
-            "NaN the backward makes at any scale (the log of a softmax zero, sqrt at 0) "
-            "collapses the scale as an overflow does; `guard.step(fn, batch)` or `nandoctor "
-            "watch` rechecks each skip and names the first that was one"
+            "its skips were not rechecked at loss scale 1 (no rerun of the loop did): a NaN "
+            "the backward makes at any scale (the log of a softmax zero, sqrt at 0) collapses "
+            "the scale as an overflow does; `guard.step(fn, batch)`, or `nandoctor watch` "
+            "with its replay, rechecks each skip and names the first that was one"
         )
     overflow = case.first.value in OVERFLOWED and case.first.phase == "backward"
     if overflow:
