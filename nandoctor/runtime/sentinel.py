@@ -628,11 +628,7 @@ class Judge:
             return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, why=why)
         still_bad = self.recheck(r.step) if self.recheck is not None else None
         if still_bad:
-            why = (
-                f"the GradScaler skipped step {r.step}, but its gradients are non-finite at "
-                "loss scale 1 too: the scaler hid a real failure"
-            )
-            return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, hidden=True, why=why)
+            return hidden_failure(r)
         if self.streak == 0:
             self.streak_start = r.step
         self.streak += 1
@@ -654,8 +650,27 @@ class Judge:
         return Verdict(r, skipped=True, streak_start=self.streak_start, skip_reason=reason)
 
 
+def hidden_failure(r: Reading, rechecked: str = "") -> Verdict:
+    """The failure a GradScaler skip hid: its gradients non-finite at loss scale 1 too
+    (`rechecked`: how, when not as the step ran)."""
+    why = (
+        f"the GradScaler skipped step {r.step}, but its gradients are non-finite at loss "
+        f"scale 1 too{rechecked}: the scaler hid a real failure"
+    )
+    return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, hidden=True, why=why)
+
+
 def _fmt(x: float) -> str:
     return f"{x:g}" if math.isfinite(x) else str(x)
 
 
-__all__ = ["OVERFLOW", "UNCHECKED", "Judge", "Reading", "Recheck", "Sentinel", "Verdict"]
+__all__ = [
+    "OVERFLOW",
+    "UNCHECKED",
+    "Judge",
+    "Reading",
+    "Recheck",
+    "Sentinel",
+    "Verdict",
+    "hidden_failure",
+]

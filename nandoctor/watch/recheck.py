@@ -27,9 +27,9 @@ import torch
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.runtime import wrappers
 from nandoctor.runtime.hooked import HookedRun
-from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.probe import Probe, StepContext
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import OVERFLOW, UNCHECKED, Reading, Verdict
+from nandoctor.runtime.sentinel import OVERFLOW, UNCHECKED, Reading, hidden_failure
 from nandoctor.runtime.tensors import nonfinite
 
 # (step, the rerun skipped it too, its gradients were non-finite at loss scale 1)
@@ -130,10 +130,9 @@ class SkipRecheck(Probe):
 def steps_to_recheck(result: RunResult) -> list[int]:
     """The unchecked skips of a run that a collapse of the scale ended (none otherwise:
     a healthy run's skips are the scale calibrating, not worth a rerun of the command)."""
-    failure = result.failure
-    if failure is None or not failure.collapsed or failure.skip_reason != UNCHECKED:
+    if result.failure is None or not result.failure.collapsed_unchecked:
         return []
-    return [e.step for e in result.events if e.kind == "scaler-skip" and e.reason == UNCHECKED]
+    return [e.step for e in _skips(result) if e.reason == UNCHECKED]
 
 
 def with_answers(result: RunResult, answers: dict[int, bool]) -> RunResult:
@@ -181,14 +180,9 @@ def _failed_at(result: RunResult, step: int) -> RunResult:
         grad_norm=t.grad_norm[at] if at is not None else math.nan,
         scale=t.scale[at] if at is not None else None,
     )
-    why = (
-        f"the GradScaler skipped step {step}, but its gradients are non-finite at loss scale "
-        "1 too (rechecked in a rerun of the command): the scaler hid a real failure"
-    )
-    failure = Verdict(reading, failed=True, step=step, phase=Phase.BACKWARD, hidden=True, why=why)
     return replace(
         result,
-        failure=failure,
+        failure=hidden_failure(reading, " (rechecked in a rerun of the command)"),
         telemetry=telemetry,
         events=[e for e in result.events if e.step < step],
         steps_run=len(kept),

@@ -127,13 +127,13 @@ def _trace(data: dict[str, Any]) -> Trace:
     return Trace(located, data["reached"], data["diverged"], *place)
 
 
-def load_trace(
-    folder: str, step: int, last_output: str = "", stopped_after: str | None = None
+def located_of(
+    traces: list[Trace], step: int, last_output: str = "", stopped_after: str | None = None
 ) -> Localization:
-    """What the replay run found at `step`; a note says why when it found nothing (with
-    the rerun's last line of output when it ended early; `stopped_after`: the time after
-    which the rerun was stopped for taking too long, when it was)."""
-    traces = load_traces(folder)
+    """What the replay run found at `step` (`traces`: its processes', `load_traces`); a
+    note says why when it found nothing (with the rerun's last line of output when it
+    ended early; `stopped_after`: the time after which the rerun was stopped for taking
+    too long, when it was)."""
     tail = f"; its last output: {last_output}" if last_output else ""
     if stopped_after is not None and not any(t.reached for t in traces):
         # NB: it did not end, it was slower than the first run (its last output is the

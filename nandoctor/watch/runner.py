@@ -175,7 +175,7 @@ def _maybe_replay(
             code = run_command(command, settings, log=log, timeout=timeout, interrupt_raises=True)
             stopped = _rerun_limit(timeout) if code == TIMED_OUT_CODE else None
             traces[:] = results.load_traces(folder)
-            return results.load_trace(folder, step, _last_line(log), stopped_after=stopped)
+            return results.located_of(traces, step, _last_line(log), stopped_after=stopped)
 
     located, result.failure = localize_failure(failure, result.start_step, replay)
     return located, []
