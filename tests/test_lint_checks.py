@@ -5,12 +5,16 @@ The snippets are the ones docs/lint.md shows, so an example in the docs cannot l
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import pytest
 
+import nandoctor.lint.checks
 from nandoctor.causes import catalog
 from nandoctor.lint import Severity, lint_text
-from nandoctor.lint.checks import ORDER
-from nandoctor.lint.registry import CHECKS, all_checks, check
+from nandoctor.lint.registry import CHECKS, all_checks, table
+from nandoctor.lint.unit import Check
 
 CHECK_IDS = list(all_checks())
 SNIPPETS = [
@@ -96,21 +100,39 @@ def test_each_check_is_a_documented_unit(check_id):
     assert unit.heuristic == (unit.severity is Severity.INFO)
 
 
-def test_registry_refuses_duplicates_and_unknown_ids():
-    with pytest.raises(ValueError, match="twice"):
-        check("log-of-softmax", severity=Severity.ERROR, summary=".", invalid=(), valid=())(
-            lambda src: ()
-        )
+def test_the_table_refuses_duplicates_and_unknown_ids():
+    first = all_checks()["log-of-softmax"]
+    with pytest.raises(ValueError, match=r"twice: first by CHECKS\[0\].*again by CHECKS\[1\]"):
+        table([first, first])
+    unknown = Check(
+        id="no-such-cause",
+        severity=Severity.ERROR,
+        summary=".",
+        run=first.run,
+        invalid=(),
+        valid=(),
+    )
     with pytest.raises(KeyError):
-        check("no-such-cause", severity=Severity.ERROR, summary=".", invalid=(), valid=())(
-            lambda src: ()
-        )
-    assert "no-such-cause" not in CHECKS
+        table([unknown])
+    assert "no-such-cause" not in all_checks()
 
 
-def test_registry_order_puts_heuristics_last():
-    assert sorted(ORDER) == sorted(CHECKS), "every check has its place in docs and SARIF"
+def test_every_check_module_is_in_the_table_once():
+    """Nothing registers by being imported: a module whose CHECK is left out of
+    `lint.registry.CHECKS` would never run, so the test reads the package itself."""
+    modules = {
+        info.name: importlib.import_module(f"nandoctor.lint.checks.{info.name}")
+        for info in pkgutil.iter_modules(nandoctor.lint.checks.__path__)
+    }
+    assert sorted(modules) == sorted(c.id.replace("-", "_") for c in CHECKS)
+    for name, module in modules.items():
+        assert module.CHECK in CHECKS, f"{name}.CHECK is missing from lint.registry.CHECKS"
+    assert list(all_checks()) == [c.id for c in CHECKS]
+
+
+def test_the_table_puts_heuristics_last():
     severities = [c.severity.rank for c in all_checks().values()]
+    assert severities == sorted(severities, reverse=True), "errors first, then warnings"
     assert severities[-2:] == [Severity.INFO.rank, Severity.INFO.rank]
     assert CHECK_IDS[:3] == ["log-of-softmax", "log-of-zero", "clip-before-unscale"]
 

@@ -194,7 +194,7 @@ def test_a_check_that_crashes_is_reported_not_raised(monkeypatch):
         raise RuntimeError("boom")
 
     unit = all_checks()["eps-underflow"]
-    monkeypatch.setitem(registry_module.CHECKS, "eps-underflow", replace(unit, run=broken))
+    monkeypatch.setitem(registry_module.TABLE, "eps-underflow", replace(unit, run=broken))
     outcome = lint_text(BAD)
     assert [f.id for f in outcome.findings] == ["log-of-softmax"]
     (skipped,) = outcome.skipped

@@ -7,10 +7,11 @@ spent. Each check is tied to a cause id of SPEC.md and takes its fix from the ca
     >>> [f.id for f in lint_text("import torch\\ny = torch.log(torch.softmax(x, -1))").findings]
     ['log-of-softmax']
 
-Layout: `engine` (read, check, suppress), `checks/` (one module per cause id, registered
-in `registry`), the shared analysis they use (`names`: imports; `flow`: what a variable
-holds; `patterns`: the torch vocabulary; `scaler`, `fp16`), `config` (pyproject table and
-flags), `render/` (terminal, JSON, SARIF) and `docs` (docs/lint.md).
+Layout: `engine` (read, check, suppress), `checks/` (one module per cause id, each a
+`unit.Check`, listed in order in `registry`), the shared analysis they use (`names`:
+imports; `flow`: what a variable holds; `patterns`: the torch vocabulary; `scaler`,
+`fp16`), `config` (pyproject table and flags), `render/` (terminal, JSON, SARIF) and `docs`
+(docs/lint.md).
 """
 
 from __future__ import annotations

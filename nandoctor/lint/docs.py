@@ -1,4 +1,4 @@
-"""docs/lint.md, generated from the check registry and the catalog.
+"""docs/lint.md, generated from the table of checks (`lint.registry`) and the catalog.
 
     python -m nandoctor.lint.docs > docs/lint.md
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from nandoctor.lint.registry import Check, all_checks
+from nandoctor.lint.registry import all_checks
+from nandoctor.lint.unit import Check
 
 HEADER = """\
 <!-- Generated from nandoctor/lint/ by `python -m nandoctor.lint.docs > docs/lint.md`:

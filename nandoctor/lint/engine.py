@@ -31,9 +31,10 @@ from nandoctor.lint.notebook import (
     is_notebook,
     read_notebook,
 )
-from nandoctor.lint.registry import Check, Hit, all_checks
+from nandoctor.lint.registry import all_checks
 from nandoctor.lint.source import Source
 from nandoctor.lint.suppress import parse_suppressions
+from nandoctor.lint.unit import Check, Hit
 
 
 @dataclass(frozen=True)

@@ -1,78 +1,65 @@
-"""The table of lint checks: one check per cause id, each a unit with its own examples.
+"""The one ordered table of lint checks, written out, as causes/index.py is for causes.
 
-A check is a function `Source -> Iterable[Hit]` registered with `@check(...)`, which also
-declares its default severity, a one-line summary and INVALID/VALID snippets (Fixit's
-idea): the tests run every snippet, and docs/lint.md shows them. Title, explanation and
-fix come from the cause catalog, so they are written once for diagnose, lint and docs.
+`CHECKS` is the order everything follows: the engine runs the checks in it, and
+docs/lint.md and SARIF's rule list show them in it: errors first, heuristics last. It is
+one explicit list, as ruff's codes.rs maps each code to its rule, so nothing registers
+itself by being imported, and the table can be read in one place.
+
+Adding a check: write its module in checks/ (see `log_of_zero.py`), ending in
+`CHECK = Check(...)`, and put that `CHECK` here. The table refuses an id the cause catalog
+lacks, and a second check under one id, so a module copied without changing its id fails
+at import.
 """
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from nandoctor.causes import catalog
-from nandoctor.causes.catalog import CauseInfo
-from nandoctor.lint.findings import Severity
-from nandoctor.lint.source import Source
+from nandoctor.lint.checks import (
+    clip_before_unscale,
+    division_by_zero,
+    eps_underflow,
+    exploding_gradients,
+    fp16_without_grad_scaler,
+    fully_masked_softmax,
+    log_of_softmax,
+    log_of_zero,
+    nondifferentiable_point,
+)
+from nandoctor.lint.unit import Check
 from nandoctor.registry import Registry
 
-
-@dataclass(frozen=True)
-class Hit:
-    """One place a check objects to; `severity` None means the check's default."""
-
-    node: ast.AST
-    message: str
-    severity: Severity | None = None
-
-
-CheckFunction = Callable[[Source], Iterable[Hit]]
-
-
-@dataclass(frozen=True)
-class Check:
-    id: str  # a cause id of SPEC.md, also the id users select, ignore and suppress
-    severity: Severity
-    summary: str  # what the check looks for, one sentence (docs, SARIF)
-    run: CheckFunction
-    invalid: tuple[str, ...]  # snippets it must flag
-    valid: tuple[str, ...]  # snippets it must leave alone
-    heuristic: bool = False  # a pattern that is often fine; findings say so
-
-    @property
-    def cause(self) -> CauseInfo:
-        return catalog.get(self.id)
+CHECKS: tuple[Check, ...] = (
+    # errors: a NaN or inf follows whenever the code runs
+    log_of_softmax.CHECK,
+    log_of_zero.CHECK,
+    clip_before_unscale.CHECK,
+    # warnings: a NaN follows with some inputs, dtypes or gradients
+    exploding_gradients.CHECK,
+    fp16_without_grad_scaler.CHECK,
+    fully_masked_softmax.CHECK,
+    eps_underflow.CHECK,
+    # heuristics: patterns that are often fine
+    nondifferentiable_point.CHECK,
+    division_by_zero.CHECK,
+)
 
 
-CHECKS: Registry[Check] = Registry("lint check")
+def table(checks: Iterable[Check]) -> Registry[Check]:
+    """The checks by id, in the given order. An id the cause catalog lacks raises
+    `KeyError`; a second check under one id raises `DuplicateError` (a ValueError) naming
+    both places in the list."""
+    out: Registry[Check] = Registry("lint check")
+    for i, check in enumerate(checks):
+        catalog.get(check.id)  # NB: every check explains itself with its cause's text
+        out.add(check.id, check, by=f"CHECKS[{i}] ({check.run.__module__})")
+    return out
 
 
-def check(
-    cause_id: str,
-    *,
-    severity: Severity,
-    summary: str,
-    invalid: Iterable[str],
-    valid: Iterable[str],
-    heuristic: bool = False,
-) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check under `cause_id`, which must be in the catalog, once: a second
-    check for the id raises `DuplicateError` (a ValueError) naming both modules."""
-
-    def register(run: CheckFunction) -> CheckFunction:
-        catalog.get(cause_id)  # NB: fails at import for an id the catalog lacks
-        unit = Check(cause_id, severity, summary, run, tuple(invalid), tuple(valid), heuristic)
-        CHECKS.add(cause_id, unit, by=f"{run.__module__}.{run.__qualname__}")
-        return run
-
-    return register
+TABLE = table(CHECKS)
 
 
 def all_checks() -> dict[str, Check]:
-    """Every registered check, by id, in the order docs and SARIF list them."""
-    from nandoctor.lint.checks import ORDER  # NB: importing the package registers them
-
-    rank = {cause_id: i for i, cause_id in enumerate(ORDER)}
-    return dict(sorted(CHECKS.items(), key=lambda item: rank.get(item[0], len(rank))))
+    """Every check, by id, in the order of `CHECKS`."""
+    return dict(TABLE)

@@ -1,29 +1,5 @@
-"""The checks, one module per cause id; importing this package registers them all.
+"""The checks, one module per cause id, each ending in `CHECK = Check(...)`.
 
-`ORDER` is the order of docs/lint.md and of SARIF's rule list: errors first, heuristics
-last (the imports below are sorted by name, which says nothing).
+Importing this package registers nothing: `lint.registry.CHECKS` lists every check, in
+the order docs/lint.md and SARIF show them.
 """
-
-from nandoctor.lint.checks import (  # noqa: F401  (each module registers its check)
-    clip_before_unscale,
-    division_by_zero,
-    eps_underflow,
-    exploding_gradients,
-    fp16_without_grad_scaler,
-    fully_masked_softmax,
-    log_of_softmax,
-    log_of_zero,
-    nondifferentiable_point,
-)
-
-ORDER = (
-    "log-of-softmax",
-    "log-of-zero",
-    "clip-before-unscale",
-    "exploding-gradients",
-    "fp16-without-grad-scaler",
-    "fully-masked-softmax",
-    "eps-underflow",
-    "nondifferentiable-point",
-    "division-by-zero",
-)

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.scaler import (
     ScalerUse,
     clip_helpers,
@@ -28,6 +27,7 @@ from nandoctor.lint.scaler import (
     unscaled_before,
 )
 from nandoctor.lint.source import Source, position
+from nandoctor.lint.unit import Check, Hit
 
 INVALID = (
     """\
@@ -104,14 +104,6 @@ else:
 )
 
 
-@check(
-    "clip-before-unscale",
-    severity=Severity.ERROR,
-    summary="Gradient clipping after `scaler.scale(loss).backward()` without "
-    "`scaler.unscale_(opt)` before it.",
-    invalid=INVALID,
-    valid=VALID,
-)
 def clip_before_unscale(src: Source) -> Iterator[Hit]:
     helpers = clip_helpers(src)
     for use in scaler_uses(src):
@@ -154,3 +146,14 @@ def _message(what: str, use: ScalerUse, clip: ast.Call) -> str:
         f"by the loss scale (65536 at the start), so the clip threshold is applied to the "
         f"scaled norm and the real update shrinks by that factor."
     )
+
+
+CHECK = Check(
+    id="clip-before-unscale",
+    run=clip_before_unscale,
+    severity=Severity.ERROR,
+    summary="Gradient clipping after `scaler.scale(loss).backward()` without "
+    "`scaler.unscale_(opt)` before it.",
+    invalid=INVALID,
+    valid=VALID,
+)

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.grad import on_differentiated_path
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
+from nandoctor.lint.unit import Check, Hit
 
 INVALID = (
     """\
@@ -49,14 +49,6 @@ masked_mean(l, m).backward()
 )
 
 
-@check(
-    "division-by-zero",
-    severity=Severity.INFO,
-    summary="Division by a sum, norm or std with no epsilon or clamp, on a differentiated path.",
-    invalid=INVALID,
-    valid=VALID,
-    heuristic=True,
-)
 def division_by_zero(src: Source) -> Iterator[Hit]:
     for node in src.nodes_of(ast.BinOp, ast.AugAssign, ast.Call):
         denominator = _denominator(src, node)
@@ -89,3 +81,14 @@ def _message(src: Source, denominator: ast.AST, origin: ast.AST) -> str:
         f"Clamp the denominator `{text}`{where} (`.clamp_min(1)` for counts, `1e-6` for "
         f"norms) or add an epsilon: when it is 0 the division gives NaN (0/0) or inf."
     )
+
+
+CHECK = Check(
+    id="division-by-zero",
+    run=division_by_zero,
+    severity=Severity.INFO,
+    summary="Division by a sum, norm or std with no epsilon or clamp, on a differentiated path.",
+    invalid=INVALID,
+    valid=VALID,
+    heuristic=True,
+)

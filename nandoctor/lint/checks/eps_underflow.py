@@ -23,9 +23,9 @@ from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.fp16 import Float16Use, float16_use
 from nandoctor.lint.grad import on_differentiated_path
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
+from nandoctor.lint.unit import Check, Hit
 
 SMALLEST = 2.0**-24  # float16's smallest subnormal, ~5.96e-8
 _NN = "torch.nn."
@@ -86,14 +86,6 @@ y = x / (x.norm(dim=-1, keepdim=True) + 1e-8)  # float32 only: 1e-8 is represent
 )
 
 
-@check(
-    "eps-underflow",
-    severity=Severity.WARNING,
-    summary="An epsilon below float16's smallest value (~6e-8) in a file that uses float16, "
-    "or `model.half()` with Adam.",
-    invalid=INVALID,
-    valid=VALID,
-)
 def eps_underflow(src: Source) -> Iterator[Hit]:
     use = float16_use(src)
     if not use.any:
@@ -184,3 +176,14 @@ def _adam_message(optimizer: str) -> str:
         f"`{optimizer}`: its default eps=1e-8 is 0 in float16 and `exp_avg_sq` underflows "
         f"for gradients below ~5e-3, so the update divides by zero."
     )
+
+
+CHECK = Check(
+    id="eps-underflow",
+    run=eps_underflow,
+    severity=Severity.WARNING,
+    summary="An epsilon below float16's smallest value (~6e-8) in a file that uses float16, "
+    "or `model.half()` with Adam.",
+    invalid=INVALID,
+    valid=VALID,
+)

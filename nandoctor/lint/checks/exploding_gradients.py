@@ -16,9 +16,9 @@ import ast
 from collections.abc import Iterator
 
 from nandoctor.lint.findings import Severity
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.scaler import scaler_uses
 from nandoctor.lint.source import Source, position
+from nandoctor.lint.unit import Check, Hit
 
 INVALID = (
     """\
@@ -50,14 +50,6 @@ loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters())  # ti
 )
 
 
-@check(
-    "exploding-gradients",
-    severity=Severity.WARNING,
-    summary="A GradScaler loop (`scaler.scale(loss).backward()`) that never clips the "
-    "gradients (judged per training loop).",
-    invalid=INVALID,
-    valid=VALID,
-)
 def exploding_gradients(src: Source) -> Iterator[Hit]:
     uses = scaler_uses(src)
     if not uses or any(_name(c) == "register_hook" for c in src.calls):
@@ -119,3 +111,14 @@ def _message(anchor: ast.Call) -> str:
         f"`{scaler}.step({opt})`, or one bad batch can grow them until they overflow "
         f"(65504 in float16)."
     )
+
+
+CHECK = Check(
+    id="exploding-gradients",
+    run=exploding_gradients,
+    severity=Severity.WARNING,
+    summary="A GradScaler loop (`scaler.scale(loss).backward()`) that never clips the "
+    "gradients (judged per training loop).",
+    invalid=INVALID,
+    valid=VALID,
+)

@@ -56,9 +56,9 @@ from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, from_line
 from nandoctor.lint.fp16 import autocast_call, float16_autocast, float16_chosen
 from nandoctor.lint.grad import call_chain, differentiated
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.scaler import is_scale, scaler_uses
 from nandoctor.lint.source import Source, position
+from nandoctor.lint.unit import Check, Hit
 
 SCALERS = patterns.GRAD_SCALERS | {
     "torch.distributed.fsdp.ShardedGradScaler",
@@ -146,14 +146,6 @@ assert all(p.grad is not None for p in model.parameters())
 )
 
 
-@check(
-    "fp16-without-grad-scaler",
-    severity=Severity.WARNING,
-    summary="Training under float16 autocast with a plain `loss.backward()` and no "
-    "GradScaler in the file.",
-    invalid=INVALID,
-    valid=VALID,
-)
 def fp16_without_grad_scaler(src: Source) -> Iterator[Hit]:
     backwards = [c for c in src.calls if _plain_backward(src, c)]
     if not backwards or _scales_elsewhere(src):
@@ -384,3 +376,14 @@ def _remedy(src: Source) -> str:
         f"Enable the GradScaler (`{src.segment(disabled)}`{from_line(disabled.lineno)} "
         f"passes the loss through unscaled and never skips a step)"
     )
+
+
+CHECK = Check(
+    id="fp16-without-grad-scaler",
+    run=fp16_without_grad_scaler,
+    severity=Severity.WARNING,
+    summary="Training under float16 autocast with a plain `loss.backward()` and no "
+    "GradScaler in the file.",
+    invalid=INVALID,
+    valid=VALID,
+)

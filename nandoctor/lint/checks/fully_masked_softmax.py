@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
+from nandoctor.lint.unit import Check, Hit
 
 CAUSAL = re.compile(r"tril|triu|causal|subsequent|look_?ahead|future", re.IGNORECASE)
 SAMPLING_WORDS = frozenset(
@@ -64,13 +64,6 @@ probs = torch.softmax(logits, dim=-1)
 )
 
 
-@check(
-    "fully-masked-softmax",
-    severity=Severity.WARNING,
-    summary="A `-inf` mask that flows into a softmax, where a fully masked row is NaN.",
-    invalid=INVALID,
-    valid=VALID,
-)
 def fully_masked_softmax(src: Source) -> Iterator[Hit]:
     causal: list[frozenset[Key]] = []  # NB: computed on the first -inf fill only
     seen: set[int] = set()
@@ -175,3 +168,13 @@ def _message(softmax: ast.Call) -> str:
         f"softmax on line {softmax.lineno}, and a row masked everywhere (an all-padding "
         f"sequence) gives (-inf) - (-inf) = NaN there."
     )
+
+
+CHECK = Check(
+    id="fully-masked-softmax",
+    run=fully_masked_softmax,
+    severity=Severity.WARNING,
+    summary="A `-inf` mask that flows into a softmax, where a fully masked row is NaN.",
+    invalid=INVALID,
+    valid=VALID,
+)

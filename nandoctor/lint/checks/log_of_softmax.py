@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind, Tag
+from nandoctor.lint.unit import Check, Hit
 
 INVALID = (
     """\
@@ -68,16 +68,6 @@ h = math.log(2) + np.log(softmax(scores)).sum()  # not torch
 )
 
 
-@check(
-    "log-of-softmax",
-    severity=Severity.ERROR,
-    summary=(
-        "`log` taken of a softmax or sigmoid output (directly, through a variable, or a "
-        "softmax with `+ eps`)."
-    ),
-    invalid=INVALID,
-    valid=VALID,
-)
 def log_of_softmax(src: Source) -> Iterator[Hit]:
     for call, argument in patterns.logs(src):
         tags = src.flow.tags(argument)
@@ -119,3 +109,16 @@ def _padded(src: Source, call: ast.Call, tag: Tag) -> str:
         f"{in_half}: the epsilon hides the underflow only where the dtype can hold it, and "
         f"it biases the log-probabilities."
     )
+
+
+CHECK = Check(
+    id="log-of-softmax",
+    run=log_of_softmax,
+    severity=Severity.ERROR,
+    summary=(
+        "`log` taken of a softmax or sigmoid output (directly, through a variable, or a "
+        "softmax with `+ eps`)."
+    ),
+    invalid=INVALID,
+    valid=VALID,
+)

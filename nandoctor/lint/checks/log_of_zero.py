@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
+from nandoctor.lint.unit import Check, Hit
 
 INVALID = (
     """\
@@ -44,13 +44,6 @@ safe = torch.log((1 - p).clamp_min(1e-4))
 )
 
 
-@check(
-    "log-of-zero",
-    severity=Severity.ERROR,
-    summary="`log` taken of one minus a sigmoid (directly or through a variable).",
-    invalid=INVALID,
-    valid=VALID,
-)
 def log_of_zero(src: Source) -> Iterator[Hit]:
     for call, argument in patterns.logs(src):
         complement = src.flow.of_kind(argument, Kind.COMPLEMENT)
@@ -64,3 +57,13 @@ def log_of_zero(src: Source) -> Iterator[Hit]:
                 f"sigmoid rounds to exactly 1 from z ~ 8.3 in float16 (6.2 in bfloat16, 16.6 in "
                 f"float32), and log(1 - 1) = -inf gives a NaN gradient.",
             )
+
+
+CHECK = Check(
+    id="log-of-zero",
+    run=log_of_zero,
+    severity=Severity.ERROR,
+    summary="`log` taken of one minus a sigmoid (directly or through a variable).",
+    invalid=INVALID,
+    valid=VALID,
+)

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.grad import on_differentiated_path
-from nandoctor.lint.registry import Hit, check
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
+from nandoctor.lint.unit import Check, Hit
 
 ARC = frozenset({"acos", "asin", "arccos", "arcsin"})
 
@@ -55,15 +55,6 @@ with torch.no_grad():
 )
 
 
-@check(
-    "nondifferentiable-point",
-    severity=Severity.INFO,
-    summary="`sqrt` of a sum of squares or `acos`/`asin` of an unclamped value on a "
-    "differentiated path.",
-    invalid=INVALID,
-    valid=VALID,
-    heuristic=True,
-)
 def nondifferentiable_point(src: Source) -> Iterator[Hit]:
     for node in src.nodes_of(ast.BinOp, ast.Call):
         hit = _sqrt(src, node) or _arc(src, node)
@@ -129,3 +120,15 @@ def _fn(call: ast.Call) -> str:
 def _short(src: Source, node: ast.AST) -> str:
     text = src.segment(node)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+CHECK = Check(
+    id="nondifferentiable-point",
+    run=nondifferentiable_point,
+    severity=Severity.INFO,
+    summary="`sqrt` of a sum of squares or `acos`/`asin` of an unclamped value on a "
+    "differentiated path.",
+    invalid=INVALID,
+    valid=VALID,
+    heuristic=True,
+)

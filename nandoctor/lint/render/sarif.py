@@ -21,7 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 from nandoctor.lint.findings import Finding, LintResult, Severity, Skipped
-from nandoctor.lint.registry import Check, all_checks
+from nandoctor.lint.registry import all_checks
+from nandoctor.lint.unit import Check
 from nandoctor.version import __version__
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
