@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
 
@@ -12,13 +13,13 @@ def kinds_of(code: str, expression: str) -> set[Kind]:
     """The tag kinds of the last occurrence of `expression` in `code`."""
     src = Source("<test>", code)
     nodes = [n for n in src.nodes if isinstance(n, ast.expr) and ast.unparse(n) == expression]
-    return {t.kind for t in src.flow.tags(nodes[-1])}
+    return {t.kind for t in flow_of(src).tags(nodes[-1])}
 
 
 def const_of(code: str, expression: str) -> float | None:
     src = Source("<test>", code)
     nodes = [n for n in src.nodes if isinstance(n, ast.expr) and ast.unparse(n) == expression]
-    return src.flow.const(nodes[-1])
+    return flow_of(src).const(nodes[-1])
 
 
 def test_a_softmax_travels_through_names_views_and_gathers():
@@ -129,3 +130,19 @@ def test_float16_travels_through_a_dtype_lookup_and_a_conditional():
     assert Kind.FLOAT16 in kinds_of(code, "a")
     assert Kind.FLOAT16 in kinds_of(code, "b")
     assert Kind.FLOAT16 not in kinds_of(code, "c")
+
+
+def test_a_fact_of_the_file_is_computed_once_and_kept_by_its_source():
+    """Every check asks for the flow (and the differentiated functions...): the `Source`
+    keeps each such fact, so a file is analysed once, not once per check."""
+    src = Source("<test>", "import torch\np = torch.softmax(z, -1)\n")
+    calls: list[Source] = []
+
+    def count(of: Source) -> int:
+        calls.append(of)
+        return len(calls)
+
+    assert (src.analysis(count), src.analysis(count)) == (1, 1)
+    assert calls == [src]
+    assert flow_of(src) is flow_of(src)
+    assert flow_of(Source("<test>", src.text)) is not flow_of(src), "one file's, not shared"

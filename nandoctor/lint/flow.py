@@ -24,11 +24,12 @@ from typing import Any
 
 from nandoctor.lint import patterns as p
 from nandoctor.lint.flowpass import ScopePass
+from nandoctor.lint.index import FUNCTIONS
 from nandoctor.lint.names import INF_NAMES
-from nandoctor.lint.source import FUNCTIONS, Source
+from nandoctor.lint.source import Source
 from nandoctor.lint.tags import NONE, Kind, Tag, Tags, keep, kinds
 
-__all__ = ["Flow", "Kind", "Tag", "Tags", "is_neg_inf"]
+__all__ = ["Flow", "Kind", "Tag", "Tags", "flow_of", "is_neg_inf"]
 
 
 _KEEP_THROUGH_VIEWS = frozenset(Kind) - {
@@ -37,6 +38,11 @@ _KEEP_THROUGH_VIEWS = frozenset(Kind) - {
     Kind.SIGMOID_MODULE,
     Kind.FLOAT32,
 }
+
+
+def flow_of(src: Source) -> Flow:
+    """The file's data flow, computed on the first question and kept by the `Source`."""
+    return src.analysis(Flow)
 
 
 class Flow:
@@ -58,9 +64,10 @@ class Flow:
     def _run_passes(self) -> None:
         self._at, self._attrs, self._memo = {}, {}, None
         module_env: dict[str, Tags] = {}
-        ScopePass(self, self.src.tree, module_env, {}).run()
+        tree = self.src.tree
+        ScopePass(self, tree, self.src.bindings(tree), module_env, {}).run()
         for node in self.src.nodes_of(*FUNCTIONS, ast.ClassDef):
-            ScopePass(self, node, {}, module_env).run()
+            ScopePass(self, node, self.src.bindings(node), {}, module_env).run()
         self._memo = {}
 
     def _summarise_returns(self) -> bool:

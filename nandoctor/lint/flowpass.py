@@ -3,30 +3,54 @@
 Statements are visited in source order, a right-hand side before its targets, a
 comprehension's generators before its element; nested functions and classes are their own
 scopes and are skipped here (their defaults and decorators belong to this one).
+
+The pass asks the data flow it fills (`lint.flow.Flow`) for the tags of each right-hand
+side, and records in it what each name holds where it is read; it knows the flow only as
+a `Recorder`, so this module imports neither the flow nor the `Source`.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from nandoctor.lint.source import FUNCTIONS
+from nandoctor.lint.index import FUNCTIONS
 from nandoctor.lint.tags import NONE, Kind, Tag, Tags, keep
-
-if TYPE_CHECKING:
-    from nandoctor.lint.flow import Flow
 
 INPLACE_CLAMPS = frozenset({"clamp_", "clamp_min_", "clip_"})
 
 
+class Recorder(Protocol):
+    """What the pass needs of the data flow: the tags of an expression, its numeric value,
+    and a place for what each name read (or `self.x` assigned) holds."""
+
+    def tags(self, expr: ast.AST | None) -> Tags: ...
+
+    def const(self, expr: ast.AST | None) -> float | None: ...
+
+    def record(self, node: ast.Name, tags: Tags) -> None: ...
+
+    def record_attribute(self, target: ast.Attribute, tags: Tags) -> None: ...
+
+
 class ScopePass:
-    def __init__(self, flow: Flow, scope: ast.AST, env: dict[str, Tags], fallback: Mapping) -> None:
+    """`local`: the names `scope` binds itself (a name read before its assignment in a
+    function holds nothing, not the module's value)."""
+
+    def __init__(
+        self,
+        flow: Recorder,
+        scope: ast.AST,
+        local: frozenset[str],
+        env: dict[str, Tags],
+        fallback: Mapping[str, Tags],
+    ) -> None:
         self.flow = flow
         self.scope = scope
         self.env = env
         self.fallback = fallback
-        self.local = flow.src.bindings(scope)
+        self.local = local
 
     def run(self) -> None:
         if isinstance(self.scope, FUNCTIONS):

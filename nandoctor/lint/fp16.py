@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from nandoctor.lint import patterns
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.scaler import scaler_uses
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
@@ -165,7 +166,7 @@ def float16_chosen(src: Source, call: ast.Call) -> ast.expr | None:
     dtype = patterns.arg(call, 1, "dtype")
     if dtype is None or _is_half(src, [dtype]):
         return None
-    return dtype if src.flow.has(dtype, Kind.FLOAT16) else None
+    return dtype if flow_of(src).has(dtype, Kind.FLOAT16) else None
 
 
 def _disabled(call: ast.Call, name: str) -> bool:

@@ -38,10 +38,12 @@ def on_differentiated_path(src: Source, node: ast.AST) -> bool:
 
 
 def differentiated(src: Source) -> frozenset[ast.AST]:
-    cache = src.__dict__.setdefault("_differentiated", {})
-    if "set" not in cache:
-        cache["set"] = _closure(src, _seeds(src))
-    return cache["set"]
+    """The scopes (functions, and the module for top-level code) a gradient flows through."""
+    return src.analysis(_differentiated)
+
+
+def _differentiated(src: Source) -> frozenset[ast.AST]:
+    return _reach(_callees(src), _seeds(src))
 
 
 def _seeds(src: Source) -> set[ast.AST]:
@@ -65,10 +67,6 @@ def _is_backward(src: Source, call: ast.Call) -> bool:
     if isinstance(call.func, ast.Attribute) and call.func.attr == "backward":
         return True
     return src.qualname(call.func) == "torch.autograd.grad"
-
-
-def _closure(src: Source, seeds: set[ast.AST]) -> frozenset[ast.AST]:
-    return _reach(_callees(src), seeds)
 
 
 def call_chain(src: Source, scope: ast.AST) -> frozenset[ast.AST]:
@@ -100,14 +98,15 @@ def _reach(edges: dict[ast.AST, set[ast.AST]], seeds: set[ast.AST]) -> frozenset
 
 def _callees(src: Source) -> dict[ast.AST, set[ast.AST]]:
     """Each scope's calls, by name, to functions of this file (module code is a scope too)."""
-    cache = src.__dict__.setdefault("_callees", {})
-    if "edges" not in cache:
-        functions = _functions_by_name(src)
-        cache["edges"] = {
-            scope: {f for call in calls for f in functions.get(_called_name(src, call), [])}
-            for scope, calls in src.calls_by_function.items()
-        }
-    return cache["edges"]
+    return src.analysis(_call_edges)
+
+
+def _call_edges(src: Source) -> dict[ast.AST, set[ast.AST]]:
+    functions = _functions_by_name(src)
+    return {
+        scope: {f for call in calls for f in functions.get(_called_name(src, call), [])}
+        for scope, calls in src.calls_by_function.items()
+    }
 
 
 def _functions_by_name(src: Source) -> dict[str | None, list[ast.AST]]:

@@ -28,10 +28,7 @@ class ScalerUse:
 def scaler_uses(src: Source) -> list[ScalerUse]:
     """One entry per function (or module body) that calls `scaler.scale(loss)` or
     `scaler.step(opt)` (a training class may backpropagate in one method, step in another)."""
-    cache = src.__dict__.setdefault("_scaler_uses", {})
-    if "uses" not in cache:
-        cache["uses"] = _find_uses(src)
-    return cache["uses"]
+    return src.analysis(_find_uses)
 
 
 def _find_uses(src: Source) -> list[ScalerUse]:

@@ -2,7 +2,9 @@
 
 A check receives a `Source` and asks: what does this name resolve to (`qualname`), which
 function is this node in (`scope_of`), which nodes enclose it (`ancestors`), where is it
-for the user (`span`), what does this variable hold here (`flow`).
+for the user (`span`). Facts that the analysis modules compute from a whole file (what a
+variable holds: `flow.flow_of`; which code is differentiated: `grad`) are kept here too,
+by `analysis`: the `Source` holds every cache of its file, and dies with them.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TypeVar, cast
 
-from nandoctor.lint.index import FUNCTIONS, SCOPES, Index, build_index
+from nandoctor.lint.index import Index, build_index
 from nandoctor.lint.names import (
     CONVENTIONAL,
     Imports,
@@ -24,11 +26,7 @@ from nandoctor.lint.names import (
     with_conventional,
 )
 
-if TYPE_CHECKING:
-    from nandoctor.lint.flow import Flow
-
-__all__ = ["FUNCTIONS", "SCOPES", "Source", "Span", "contains", "position"]
-
+T = TypeVar("T")
 
 _MENTIONS_TORCH = re.compile(r"\btorch\b|\b(?:nn|F)\.")
 
@@ -51,6 +49,16 @@ class Source:
             warnings.simplefilter("ignore")
             self.tree = ast.parse(text, filename=path)  # NB: SyntaxError is the caller's
         self.lines = re.split(r"\r\n|\r|\n", text)  # NB: not splitlines(): \f is no newline
+        self._qualnames: dict[ast.AST, str | None] = {}
+        self._analyses: dict[Callable[[Source], object], object] = {}
+
+    def analysis(self, compute: Callable[[Source], T]) -> T:
+        """`compute(self)`, computed once for this file: a fact of the whole file that a
+        module of lint defines (`Flow`, the differentiated functions, the GradScaler's
+        uses) and several checks ask for. The module says how; the `Source` keeps it."""
+        if compute not in self._analyses:
+            self._analyses[compute] = compute(self)
+        return cast(T, self._analyses[compute])
 
     @cached_property
     def _index(self) -> Index:
@@ -67,14 +75,17 @@ class Source:
         """Each node's parent and the field of the parent that holds it."""
         return self._index.parents
 
+    @cached_property
+    def _by_type(self) -> dict[type, list[ast.AST]]:
+        by_type: dict[type, list[ast.AST]] = {}
+        for node in self.nodes:
+            by_type.setdefault(type(node), []).append(node)
+        return by_type
+
     def nodes_of(self, *types: type) -> list[ast.AST]:
         """The nodes of these types, in pre-order."""
-        by_type = self.__dict__.setdefault("_by_type", {})
-        if not by_type:
-            for node in self.nodes:
-                by_type.setdefault(type(node), []).append(node)
         if len(types) == 1:
-            return by_type.get(types[0], [])
+            return self._by_type.get(types[0], [])
         return [n for n in self.nodes if isinstance(n, types)]
 
     @cached_property
@@ -106,12 +117,6 @@ class Source:
         if not _MENTIONS_TORCH.search(self.text):
             return False  # NB: spares indexing files that cannot be about torch
         return any(q == "torch" or q.startswith("torch.") for q in self.imports.aliases.values())
-
-    @cached_property
-    def flow(self) -> Flow:
-        from nandoctor.lint.flow import Flow  # NB: flow reads Source; import late
-
-        return Flow(self)
 
     @cached_property
     def _alias_names(self) -> frozenset[str]:
@@ -170,10 +175,9 @@ class Source:
     def qualname(self, node: ast.AST) -> str | None:
         """`torch.nn.functional.softmax` for `F.softmax` after `import torch.nn.functional
         as F`; None for anything that is not an imported name (locals, calls, ...)."""
-        memo = self.__dict__.setdefault("_qualnames", {})
-        if node not in memo:
-            memo[node] = self._qualname(node)
-        return memo[node]
+        if node not in self._qualnames:
+            self._qualnames[node] = self._qualname(node)
+        return self._qualnames[node]
 
     def _qualname(self, node: ast.AST) -> str | None:
         if isinstance(node, ast.Attribute):

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
@@ -56,7 +57,7 @@ def division_by_zero(src: Source) -> Iterator[Hit]:
             continue
         if patterns.guarded(src, node, denominator):
             continue
-        zeroable = src.flow.of_kind(denominator, Kind.ZEROABLE)
+        zeroable = flow_of(src).of_kind(denominator, Kind.ZEROABLE)
         if zeroable:
             yield Hit(node, _message(src, denominator, zeroable[0].origin))
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.fp16 import Float16Use, float16_use
 from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.source import Source
@@ -100,7 +101,7 @@ def _argument(src: Source, call: ast.Call, use: Float16Use) -> Iterator[Hit]:
     if name not in EPS_POSITION or not use.casts:
         return
     eps = patterns.arg(call, EPS_POSITION[name], "eps")
-    value = src.flow.const(eps)
+    value = flow_of(src).const(eps)
     short = name.rsplit(".", 1)[-1]
     if eps is not None and value is not None and 0 < value < SMALLEST:
         yield Hit(eps, _eps_message(f"`{short}(eps={value:g})`", value))
@@ -112,7 +113,7 @@ def _denominators(src: Source) -> Iterator[Hit]:
     seen: set[int] = set()
     for node in src.nodes_of(ast.BinOp, ast.AugAssign, ast.Call):
         for guarded in _guarded_expressions(src, node):
-            for tag in src.flow.of_kind(guarded, Kind.EPS_ADDED):
+            for tag in flow_of(src).of_kind(guarded, Kind.EPS_ADDED):
                 value = tag.value or 0.0
                 if not 0 < value < SMALLEST or id(tag.origin) in seen:
                     continue
@@ -128,7 +129,7 @@ def _denominators(src: Source) -> Iterator[Hit]:
 def _log_of_padded_softmax(src: Source, node: ast.AST, addition: ast.AST) -> bool:
     """`log(softmax(x) + 1e-8)`: one finding there, log-of-softmax's, not a second."""
     is_log = isinstance(node, ast.Call) and patterns.log_input(src, node) is not None
-    return is_log and src.flow.has(addition, Kind.SOFTMAX_EPS)
+    return is_log and flow_of(src).has(addition, Kind.SOFTMAX_EPS)
 
 
 def _computed_in_float32(src: Source, addition: ast.AST) -> bool:
@@ -137,7 +138,7 @@ def _computed_in_float32(src: Source, addition: ast.AST) -> bool:
     and norm are float32 on CUDA, not on the CPU), so only explicit casts count."""
     if not isinstance(addition, ast.BinOp):
         return False
-    return any(src.flow.has(side, Kind.FLOAT32) for side in (addition.left, addition.right))
+    return any(flow_of(src).has(side, Kind.FLOAT32) for side in (addition.left, addition.right))
 
 
 def _guarded_expressions(src: Source, node: ast.AST) -> list[ast.AST | None]:

@@ -54,6 +54,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, from_line
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.fp16 import autocast_call, float16_autocast, float16_chosen
 from nandoctor.lint.grad import call_chain, differentiated
 from nandoctor.lint.scaler import is_scale, scaler_uses
@@ -205,7 +206,7 @@ def _scaling(src: Source, node: ast.AST) -> bool:
     names_a_scale = "scale" in ast.unparse(value).lower()
     if isinstance(node, ast.AugAssign):
         multiplies = isinstance(node.op, ast.Mult)
-        return multiplies and (names_a_scale or (src.flow.const(value) or 0) > 1)
+        return multiplies and (names_a_scale or (flow_of(src).const(value) or 0) > 1)
     return (names_a_scale and _has_mult(value)) or _times_big_constant(src, value)
 
 
@@ -217,7 +218,7 @@ def _times_big_constant(src: Source, node: ast.AST) -> bool:
     """`loss * 1024`, `2**16 * loss`: a static loss scale (a factor below 1 is a weight)."""
     if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
         return False
-    return any((src.flow.const(side) or 0) > 1 for side in (node.left, node.right))
+    return any((flow_of(src).const(side) or 0) > 1 for side in (node.left, node.right))
 
 
 def _scales_elsewhere(src: Source) -> bool:
@@ -241,12 +242,13 @@ def _disabled_scaler(src: Source) -> ast.Call | None:
     """The first GradScaler built, when the file builds some and every one with a literal
     `enabled=False`: a pass-through whose `scale(loss)` is the loss itself and whose
     `step(opt)` is `opt.step()`. `enabled=use_amp` (or any expression) may be on."""
-    cache = src.__dict__.setdefault("_fp16_disabled_scaler", {})
-    if "call" not in cache:
-        built = [c for c in src.calls if src.qualname(c.func) in SCALERS]
-        off = built and all(_literally_disabled(src, c) for c in built)
-        cache["call"] = built[0] if off else None
-    return cache["call"]
+    return src.analysis(_first_disabled_scaler)
+
+
+def _first_disabled_scaler(src: Source) -> ast.Call | None:
+    built = [c for c in src.calls if src.qualname(c.func) in SCALERS]
+    off = built and all(_literally_disabled(src, c) for c in built)
+    return built[0] if off else None
 
 
 def _literally_disabled(src: Source, scaler: ast.Call) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
 from nandoctor.lint.unit import Check, Hit
@@ -71,7 +72,7 @@ def fully_masked_softmax(src: Source) -> Iterator[Hit]:
         source_tensor = _softmax_input(src, call)
         if source_tensor is None or _sampling(src, call):
             continue
-        for tag in src.flow.of_kind(source_tensor, Kind.NEG_INF):
+        for tag in flow_of(src).of_kind(source_tensor, Kind.NEG_INF):
             causal = causal or [_causal_names(src)]
             if id(tag.origin) not in seen and not _cannot_fill_a_row(src, tag.origin, causal[0]):
                 seen.add(id(tag.origin))
@@ -80,7 +81,7 @@ def fully_masked_softmax(src: Source) -> Iterator[Hit]:
 
 def _softmax_input(src: Source, call: ast.Call) -> ast.expr | None:
     found = patterns.softmax_input(src, call)
-    if found is None and src.flow.has(call.func, Kind.SOFTMAX_MODULE):
+    if found is None and flow_of(src).has(call.func, Kind.SOFTMAX_MODULE):
         found = patterns.first_arg(call)
     return found
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind, Tag
 from nandoctor.lint.unit import Check, Hit
@@ -70,7 +71,7 @@ h = math.log(2) + np.log(softmax(scores)).sum()  # not torch
 
 def log_of_softmax(src: Source) -> Iterator[Hit]:
     for call, argument in patterns.logs(src):
-        tags = src.flow.tags(argument)
+        tags = flow_of(src).tags(argument)
         softmax = [t for t in tags if t.kind is Kind.SOFTMAX]
         padded = [t for t in tags if t.kind is Kind.SOFTMAX_EPS]
         sigmoid = [t for t in tags if t.kind is Kind.SIGMOID]

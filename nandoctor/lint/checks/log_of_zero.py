@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
 from nandoctor.lint.unit import Check, Hit
@@ -46,7 +47,7 @@ safe = torch.log((1 - p).clamp_min(1e-4))
 
 def log_of_zero(src: Source) -> Iterator[Hit]:
     for call, argument in patterns.logs(src):
-        complement = src.flow.of_kind(argument, Kind.COMPLEMENT)
+        complement = flow_of(src).of_kind(argument, Kind.COMPLEMENT)
         if complement:
             origin = complement[0].origin
             where = pointer(argument, origin)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity
+from nandoctor.lint.flow import flow_of
 from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
@@ -64,7 +65,7 @@ def nondifferentiable_point(src: Source) -> Iterator[Hit]:
 
 def _sqrt(src: Source, node: ast.AST) -> Hit | None:
     argument = _sqrt_argument(src, node)
-    if argument is None or not src.flow.has(argument, Kind.SQUARES):
+    if argument is None or not flow_of(src).has(argument, Kind.SQUARES):
         return None
     return Hit(
         node,
@@ -76,7 +77,7 @@ def _sqrt(src: Source, node: ast.AST) -> Hit | None:
 
 def _sqrt_argument(src: Source, node: ast.AST) -> ast.AST | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
-        return node.left if src.flow.const(node.right) == 0.5 else None
+        return node.left if flow_of(src).const(node.right) == 0.5 else None
     if not isinstance(node, ast.Call):
         return None
     name = src.qualname(node.func)
@@ -84,7 +85,7 @@ def _sqrt_argument(src: Source, node: ast.AST) -> ast.AST | None:
         return patterns.first_arg(node)
     if name == "torch.pow":
         power = patterns.arg(node, 1, "exponent")
-        return patterns.first_arg(node) if src.flow.const(power) == 0.5 else None
+        return patterns.first_arg(node) if flow_of(src).const(power) == 0.5 else None
     receiver = patterns.method_receiver(src, node, frozenset({"sqrt", "pow"}))
     if receiver is None or (node.func.attr == "pow" and _exponent(src, node) != 0.5):  # type: ignore[attr-defined]
         return None
@@ -92,7 +93,7 @@ def _sqrt_argument(src: Source, node: ast.AST) -> ast.AST | None:
 
 
 def _exponent(src: Source, call: ast.Call) -> float | None:
-    return src.flow.const(call.args[0]) if call.args else None
+    return flow_of(src).const(call.args[0]) if call.args else None
 
 
 def _arc(src: Source, node: ast.AST) -> Hit | None:
@@ -103,7 +104,7 @@ def _arc(src: Source, node: ast.AST) -> Hit | None:
         argument = patterns.first_arg(node)
     else:
         argument = patterns.method_receiver(src, node, ARC)
-    if argument is None or src.flow.has(argument, Kind.CLAMPED):
+    if argument is None or flow_of(src).has(argument, Kind.CLAMPED):
         return None
     return Hit(
         node,
