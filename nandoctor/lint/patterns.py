@@ -201,14 +201,6 @@ def in_no_grad(src: Source, node: ast.AST) -> bool:
     return False
 
 
-def is_module_base(src: Source, base: ast.expr) -> bool:
-    """`nn.Module`, `torch.nn.Module`, `LightningModule` and other `...Module` bases."""
-    name = src.qualname(base)
-    if name is not None:
-        return name.startswith(("torch.nn", "lightning", "pytorch_lightning"))
-    return isinstance(base, (ast.Name, ast.Attribute)) and ast.unparse(base).endswith("Module")
-
-
 def guarded(src: Source, node: ast.AST, value: ast.AST) -> bool:
     """True when an enclosing `if`/`while`/ternary of the same function tests `value`'s
     names: `if norm > 1: x = x / norm` never divides by 0."""

@@ -254,9 +254,5 @@ class Source:
         return " ".join(b" ".join(rows).decode("utf-8", errors="replace").split())
 
 
-def contains(container: ast.AST, node: ast.AST) -> bool:
-    return any(n is node for n in ast.walk(container))
-
-
 def position(node: ast.AST) -> tuple[int, int]:
     return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))

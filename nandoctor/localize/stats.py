@@ -51,11 +51,6 @@ def value_kind(stats: TensorStats) -> str:
     return kinds[0] if len(kinds) == 1 else "mixed"
 
 
-def nonfinite_kinds(t: torch.Tensor) -> tuple[bool, bool]:
-    """(has NaN, has ±inf), read on the host."""
-    return kinds_of([t])[0]
-
-
 def kinds_of(tensors: list[torch.Tensor]) -> list[tuple[bool, bool]]:
     """(has NaN, has ±inf) of each tensor, in one read to the host."""
     out = [(False, False)] * len(tensors)

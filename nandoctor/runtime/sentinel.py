@@ -494,10 +494,6 @@ def _root_sum(squares: list[float]) -> float:
         return math.inf
 
 
-def _bad(value: torch.Tensor) -> torch.Tensor:
-    return ~torch.isfinite(value)
-
-
 def _reading(step: int, rows: list[list[float]], has_scale: bool, sharded: bool = False) -> Reading:
     """One reading from every rank's row: a flag is up if any rank raised it (the batch's
     and the output's: any rank the failure began on, when one did). `sharded`: each row's
