@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
+from nandoctor.lint.index import Located
+
 # A message's pointer to the line a value came from; in a notebook the engine rewrites it
 # to the cell and the line in it (the checks see the code cells as one module)
 FROM_LINE = re.compile(r" \(from line (\d+)\)")
@@ -25,11 +27,11 @@ def from_line(line: int) -> str:
     return f" (from line {line})"
 
 
-def pointer(expr: ast.AST, origin: ast.AST) -> str:
+def pointer(expr: ast.AST, origin: Located) -> str:
     """` (from line N)` when the value `expr` reads was made elsewhere (`probs = softmax(x)`
     a few lines up), nothing when its maker is inside `expr` itself."""
     inside = any(n is origin for n in ast.walk(expr))
-    return "" if inside else from_line(origin.lineno)  # type: ignore[attr-defined]
+    return "" if inside else from_line(origin.lineno)
 
 
 class Severity(str, Enum):

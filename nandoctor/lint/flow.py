@@ -77,7 +77,7 @@ class Flow:
         classes: set[str] = set()
         for node in self.src.nodes_of(ast.Return):
             function = self.src.function_of(node)
-            if function is None or not self.has(node.value, Kind.SOFTMAX):  # type: ignore[attr-defined]
+            if function is None or not self.has(node.value, Kind.SOFTMAX):
                 continue
             functions.add(function.name)
             owner = self.src.class_of(function)

@@ -15,7 +15,7 @@ import ast
 from collections.abc import Mapping
 from typing import Protocol
 
-from nandoctor.lint.index import FUNCTIONS
+from nandoctor.lint.index import FUNCTIONS, Located, Scope
 from nandoctor.lint.tags import NONE, Kind, Tag, Tags, keep
 
 INPLACE_CLAMPS = frozenset({"clamp_", "clamp_min_", "clip_"})
@@ -41,7 +41,7 @@ class ScopePass:
     def __init__(
         self,
         flow: Recorder,
-        scope: ast.AST,
+        scope: Scope,
         local: frozenset[str],
         env: dict[str, Tags],
         fallback: Mapping[str, Tags],
@@ -55,7 +55,7 @@ class ScopePass:
     def run(self) -> None:
         if isinstance(self.scope, FUNCTIONS):
             self._bind_parameters(self.scope.args)
-        body = self.scope.body  # type: ignore[attr-defined]
+        body = self.scope.body
         for stmt in body if isinstance(body, list) else [body]:
             self.visit(stmt)
 
@@ -160,16 +160,17 @@ class ScopePass:
 
     def visit_comprehension(self, node: ast.comprehension) -> None:
         self.visit(node.iter)
-        self.bind(node.target, None, node)
+        self.bind(node.target, None, None)
         for condition in node.ifs:
             self.visit(condition)
 
     def visit_Expr(self, node: ast.Expr) -> None:
         self.visit(node.value)
         call = node.value
-        func = call.func if isinstance(call, ast.Call) else None
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-            self._inplace(func.value.id, func.attr, call)  # type: ignore[arg-type]
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            receiver = call.func.value
+            if isinstance(receiver, ast.Name):
+                self._inplace(receiver.id, call.func.attr, call)
 
     def _inplace(self, name: str, method: str, call: ast.Call) -> None:
         """`x.masked_fill_(m, -inf)` tags x; `x.clamp_(min=1)` guards it."""
@@ -183,7 +184,10 @@ class ScopePass:
         elif method == "add_":
             self.env[name] = keep(current, {Kind.NEG_INF})
 
-    def bind(self, target: ast.AST, value: ast.expr | None, stmt: ast.AST) -> None:
+    def bind(self, target: ast.AST, value: ast.expr | None, stmt: Located | None) -> None:
+        """`target` now holds `value` (None: something unknown, a loop's item). `stmt` is
+        the statement that binds it (None in a comprehension): a -inf written into an item
+        (`scores[mask] = -inf`) is tagged with it."""
         tags = self.flow.tags(value) if value is not None else NONE
         if isinstance(target, ast.Name):
             self.env[target.id] = tags
@@ -199,7 +203,9 @@ class ScopePass:
             self.visit(target.slice)
             self._bind_item(target, value, stmt)
 
-    def _bind_each(self, target: ast.Tuple | ast.List, value: ast.expr | None, stmt) -> None:
+    def _bind_each(
+        self, target: ast.Tuple | ast.List, value: ast.expr | None, stmt: Located | None
+    ) -> None:
         values = value.elts if isinstance(value, (ast.Tuple, ast.List)) else []
         same_shape = len(values) == len(target.elts) and not any(
             isinstance(e, ast.Starred) for e in [*values, *target.elts]
@@ -207,8 +213,12 @@ class ScopePass:
         for i, elt in enumerate(target.elts):
             self.bind(elt, values[i] if same_shape else None, stmt)
 
-    def _bind_item(self, target: ast.Subscript, value: ast.expr | None, stmt: ast.AST) -> None:
+    def _bind_item(
+        self, target: ast.Subscript, value: ast.expr | None, stmt: Located | None
+    ) -> None:
         """`scores[mask] = float("-inf")` makes `scores` a -inf fill."""
         base = target.value
-        if isinstance(base, ast.Name) and self.flow.const(value) == float("-inf"):
+        if stmt is None or not isinstance(base, ast.Name):
+            return
+        if self.flow.const(value) == float("-inf"):
             self.env[base.id] = self.env.get(base.id, NONE) | {Tag(Kind.NEG_INF, stmt)}

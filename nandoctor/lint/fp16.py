@@ -51,9 +51,9 @@ class Float16Use:
             return False
         names = identifiers(params)
         for node in src.nodes_of(ast.Assign):
-            targets = {t.id for t in node.targets if isinstance(t, ast.Name)}  # type: ignore[attr-defined]
+            targets = {t.id for t in node.targets if isinstance(t, ast.Name)}
             if targets & names:
-                names |= identifiers(node.value)  # type: ignore[attr-defined]
+                names |= identifiers(node.value)
         return "*" in self.casts or bool(self.casts & names)
 
 
@@ -90,9 +90,9 @@ def _cast_targets(src: Source, call: ast.Call) -> set[str]:
     if src.qualname(call.func) == "torch.set_default_dtype" and _is_half(src, call.args):
         return {"*"}
     receiver = patterns.method_receiver(src, call, frozenset({"half", "to", "type"}))
-    if receiver is None:
+    if receiver is None or not isinstance(call.func, ast.Attribute):
         return set()
-    method = call.func.attr  # type: ignore[attr-defined]
+    method = call.func.attr
     values = [*call.args, *(k.value for k in call.keywords if k.arg == "dtype")]
     if (method == "half" and not call.args) or (method != "half" and _is_half(src, values)):
         return _last_identifier(receiver) | _assigned_to(src, call)

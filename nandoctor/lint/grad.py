@@ -52,7 +52,7 @@ def _seeds(src: Source) -> set[ast.AST]:
         if any(_is_backward(src, c) for c in calls):
             seeds.add(scope)
     for node in src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef):
-        if _seed_function(src, node):  # type: ignore[arg-type]
+        if _seed_function(src, node):
             seeds.add(node)
     return seeds
 
@@ -112,7 +112,7 @@ def _call_edges(src: Source) -> dict[ast.AST, set[ast.AST]]:
 def _functions_by_name(src: Source) -> dict[str | None, list[ast.AST]]:
     found: dict[str | None, list[ast.AST]] = {}
     for node in src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef):
-        found.setdefault(node.name, []).append(node)  # type: ignore[attr-defined]
+        found.setdefault(node.name, []).append(node)
     return found
 
 

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import TypeAlias
 
 SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+# A node with a place in the file, where a finding can point (`ast.AST` itself has none: an
+# `ast.arguments`, an operator); a check's `Hit` and the data flow's `Tag` hold one.
+Located: TypeAlias = ast.expr | ast.stmt
+# What a name is evaluated in (one of SCOPES).
+Scope: TypeAlias = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef
 # NB: these fields of a def or class are evaluated in the enclosing scope.
 _OUTER_FIELDS = frozenset({"decorator_list", "returns", "bases", "keywords"})
 _SCOPE_TYPES = frozenset(SCOPES)

@@ -35,7 +35,7 @@ def _find_uses(src: Source) -> list[ScalerUse]:
     uses = []
     for scope, calls in src.calls_by_function.items():
         scales = tuple(c for c in calls if is_scale(src, c))
-        receivers = {ast.dump(c.func.value) for c in scales}  # type: ignore[attr-defined]
+        receivers = {ast.dump(receiver) for c in scales if (receiver := _receiver(c)) is not None}
         steps = tuple(c for c in calls if _is_step(c, receivers))
         if scales or steps:
             unscales = tuple(c for c in calls if _method(c) == "unscale_")
@@ -45,9 +45,9 @@ def _find_uses(src: Source) -> list[ScalerUse]:
 
 def _is_step(call: ast.Call, scale_receivers: set[str]) -> bool:
     """`scaler.step(opt)`: on a receiver that scaled a loss here, or named like a scaler."""
-    if _method(call) != "step" or len(call.args) != 1:
+    receiver = _receiver(call)
+    if receiver is None or _method(call) != "step" or len(call.args) != 1:
         return False
-    receiver = call.func.value  # type: ignore[attr-defined]
     return ast.dump(receiver) in scale_receivers or "scaler" in _last_name(receiver).lower()
 
 
@@ -56,9 +56,9 @@ def _last_name(node: ast.AST) -> str:
 
 
 def is_scale(src: Source, call: ast.Call) -> bool:
-    if _method(call) != "scale" or len(call.args) != 1 or call.keywords:
+    receiver = _receiver(call)
+    if receiver is None or _method(call) != "scale" or len(call.args) != 1 or call.keywords:
         return False
-    receiver = call.func.value  # type: ignore[attr-defined]
     if src.qualname(receiver) is not None:
         return False  # a module's function called `scale`, not a GradScaler
     parent = src.parents.get(call, (None, ""))[0]
@@ -105,8 +105,21 @@ def helper_called(src: Source, call: ast.Call, helpers: dict[str, ast.AST]) -> s
     func = call.func
     if isinstance(func, ast.Name) and func.id in helpers and src.qualname(func) is None:
         return func.id
-    on_self = isinstance(func, ast.Attribute) and getattr(func.value, "id", "") in ("self", "cls")
-    return func.attr if on_self and func.attr in helpers else None  # type: ignore[attr-defined]
+    if isinstance(func, ast.Attribute) and getattr(func.value, "id", "") in ("self", "cls"):
+        return func.attr if func.attr in helpers else None
+    return None
+
+
+def scaler_name(call: ast.Call) -> str:
+    """How the code names the scaler of a use's `scale` or `step` call: `scaler`,
+    `self.grad_scaler` (what the finding tells to call `unscale_` on)."""
+    receiver = _receiver(call)
+    return ast.unparse(receiver) if receiver is not None else "scaler"
+
+
+def _receiver(call: ast.Call) -> ast.expr | None:
+    """`x` for a method call `x.name(...)`, None for a plain call `name(...)`."""
+    return call.func.value if isinstance(call.func, ast.Attribute) else None
 
 
 def _method(call: ast.Call) -> str | None:

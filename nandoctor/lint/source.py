@@ -15,9 +15,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
-from nandoctor.lint.index import Index, build_index
+from nandoctor.lint.index import Index, Located, build_index
 from nandoctor.lint.names import (
     CONVENTIONAL,
     Imports,
@@ -27,6 +27,10 @@ from nandoctor.lint.names import (
 )
 
 T = TypeVar("T")
+A = TypeVar("A", bound=ast.AST)
+B = TypeVar("B", bound=ast.AST)
+C = TypeVar("C", bound=ast.AST)
+D = TypeVar("D", bound=ast.AST)
 
 _MENTIONS_TORCH = re.compile(r"\btorch\b|\b(?:nn|F)\.")
 
@@ -82,8 +86,20 @@ class Source:
             by_type.setdefault(type(node), []).append(node)
         return by_type
 
-    def nodes_of(self, *types: type) -> list[ast.AST]:
-        """The nodes of these types, in pre-order."""
+    @overload
+    def nodes_of(self, a: type[A], /) -> list[A]: ...
+    @overload
+    def nodes_of(self, a: type[A], b: type[B], /) -> list[A | B]: ...
+    @overload
+    def nodes_of(self, a: type[A], b: type[B], c: type[C], /) -> list[A | B | C]: ...
+    @overload
+    def nodes_of(
+        self, a: type[A], b: type[B], c: type[C], d: type[D], /
+    ) -> list[A | B | C | D]: ...
+
+    def nodes_of(self, *types: type[ast.AST]) -> list[Any]:
+        """The nodes of these types, in pre-order, typed as what they are: `nodes_of(ast.Assign,
+        ast.AugAssign)` is a `list[ast.Assign | ast.AugAssign]` (shared: do not change it)."""
         if len(types) == 1:
             return self._by_type.get(types[0], [])
         return [n for n in self.nodes if isinstance(n, types)]
@@ -91,7 +107,7 @@ class Source:
     @cached_property
     def calls(self) -> list[ast.Call]:
         """Every call, in source order."""
-        return sorted(self.nodes_of(ast.Call), key=position)  # type: ignore[arg-type]
+        return sorted(self.nodes_of(ast.Call), key=position)
 
     @cached_property
     def calls_by_function(self) -> dict[ast.AST, list[ast.Call]]:
@@ -107,7 +123,7 @@ class Source:
         (a module-level binding of its own, `F = 3`, still shadows them)."""
         found = collect_imports(self.nodes)
         module_names = self._index.bindings.get(self.tree, frozenset())
-        names = (n.id for n in self.nodes_of(ast.Name) if isinstance(n, ast.Name))
+        names = (n.id for n in self.nodes_of(ast.Name))
         used = {n for n in names if n in CONVENTIONAL and n not in module_names}
         return with_conventional(found, used)
 
@@ -127,7 +143,7 @@ class Source:
             node = self.parents[node][0]
             yield node
 
-    def statement_lines(self, node: ast.AST) -> tuple[int, int]:
+    def statement_lines(self, node: Located) -> tuple[int, int]:
         """The lines of the statement `node` is part of, where a suppression comment may
         sit: a formatter puts it on the first or the closing line of a call it wrapped.
         Of a compound statement (`if`, `with`, `for`...), its header only, not its body."""
@@ -135,7 +151,7 @@ class Source:
             (a for a in [node, *self.ancestors(node)] if isinstance(a, ast.stmt)), None
         )
         if statement is None:
-            return node.lineno, node.end_lineno or node.lineno  # type: ignore[attr-defined]
+            return node.lineno, node.end_lineno or node.lineno
         body = getattr(statement, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
             return statement.lineno, max(statement.lineno, body[0].lineno - 1)
@@ -224,11 +240,10 @@ class Source:
                 yield parent, field
             node = parent
 
-    def span(self, node: ast.AST) -> Span:
-        line = node.lineno  # type: ignore[attr-defined]
-        end_line = node.end_lineno or line  # type: ignore[attr-defined]
-        column = self._char_column(line, node.col_offset)  # type: ignore[attr-defined]
-        end = self._char_column(end_line, node.end_col_offset or 0)  # type: ignore[attr-defined]
+    def span(self, node: Located) -> Span:
+        line, end_line = node.lineno, node.end_lineno or node.lineno
+        column = self._char_column(line, node.col_offset)
+        end = self._char_column(end_line, node.end_col_offset or 0)
         return Span(line, column + 1, end_line, end + 1)
 
     def _char_column(self, line: int, byte_offset: int) -> int:
@@ -249,8 +264,8 @@ class Source:
         if line is None or end_line is None or not 0 < line <= end_line <= len(self.lines):
             return " ".join(ast.unparse(node).split())
         rows = [t.encode("utf-8") for t in self.lines[line - 1 : end_line]]
-        rows[-1] = rows[-1][: node.end_col_offset]  # type: ignore[attr-defined]
-        rows[0] = rows[0][node.col_offset :]  # type: ignore[attr-defined]
+        rows[-1] = rows[-1][: getattr(node, "end_col_offset", None)]
+        rows[0] = rows[0][getattr(node, "col_offset", None) :]
         return " ".join(b" ".join(rows).decode("utf-8", errors="replace").split())
 
 

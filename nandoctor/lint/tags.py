@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+
+from nandoctor.lint.index import Located
 
 
 class Kind(Enum):
@@ -31,7 +32,7 @@ class Kind(Enum):
 @dataclass(frozen=True)
 class Tag:
     kind: Kind
-    origin: ast.AST  # the node that produced the value (a softmax call, a masked_fill...)
+    origin: Located  # the node that produced the value (a softmax call, a masked_fill...)
     value: float | None = None  # CONST, EPS_ADDED, SOFTMAX_EPS: the constant, when known
 
 

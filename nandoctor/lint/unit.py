@@ -10,13 +10,13 @@ which `lint.registry` lists; nothing is registered by importing a module.
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from nandoctor.causes import catalog
 from nandoctor.causes.catalog import CauseInfo
 from nandoctor.lint.findings import Severity
+from nandoctor.lint.index import Located
 from nandoctor.lint.source import Source
 
 
@@ -24,7 +24,7 @@ from nandoctor.lint.source import Source
 class Hit:
     """One place a check objects to; `severity` None means the check's default."""
 
-    node: ast.AST
+    node: Located
     message: str
     severity: Severity | None = None
 

@@ -23,6 +23,7 @@ from nandoctor.lint.scaler import (
     clip_helpers,
     helper_called,
     scaled_before,
+    scaler_name,
     scaler_uses,
     unscaled_before,
 )
@@ -136,7 +137,7 @@ def _model_clip(src: Source, call: ast.Call) -> bool:
 
 
 def _message(what: str, use: ScalerUse, clip: ast.Call) -> str:
-    scaler = ast.unparse((use.scales or use.steps)[0].func.value)  # type: ignore[attr-defined]
+    scaler = scaler_name((use.scales or use.steps)[0])
     # NB: the optimizer the next `scaler.step` steps (a GAN's second one, after its clip)
     step = next((s for s in use.steps if position(s) > position(clip)), None)
     step = step or (use.steps[0] if use.steps else None)

@@ -17,6 +17,7 @@ from nandoctor.lint import patterns
 from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.flow import flow_of
 from nandoctor.lint.grad import on_differentiated_path
+from nandoctor.lint.index import Located
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
 from nandoctor.lint.unit import Check, Hit
@@ -62,7 +63,7 @@ def division_by_zero(src: Source) -> Iterator[Hit]:
             yield Hit(node, _message(src, denominator, zeroable[0].origin))
 
 
-def _denominator(src: Source, node: ast.AST) -> ast.AST | None:
+def _denominator(src: Source, node: ast.AST) -> ast.expr | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
         return node.right
     if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
@@ -75,7 +76,7 @@ def _denominator(src: Source, node: ast.AST) -> ast.AST | None:
     return None
 
 
-def _message(src: Source, denominator: ast.AST, origin: ast.AST) -> str:
+def _message(src: Source, denominator: ast.expr, origin: Located) -> str:
     text = src.segment(denominator)
     where = pointer(denominator, origin)
     return (

@@ -16,7 +16,7 @@ import ast
 from collections.abc import Iterator
 
 from nandoctor.lint.findings import Severity
-from nandoctor.lint.scaler import scaler_uses
+from nandoctor.lint.scaler import scaler_name, scaler_uses
 from nandoctor.lint.source import Source, position
 from nandoctor.lint.unit import Check, Hit
 
@@ -80,7 +80,7 @@ def _clipping_functions(src: Source) -> frozenset[str]:
     """Names of the file's functions whose body clips (one level: a helper `clip_and_step`
     or `apply_update` that calls `clip_grad_norm_`)."""
     defs = src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef)
-    return frozenset(d.name for d in defs if _clips_in(src, d, frozenset()))  # type: ignore[attr-defined]
+    return frozenset(d.name for d in defs if _clips_in(src, d, frozenset()))
 
 
 def _clips_in(src: Source, container: ast.AST, clipping: frozenset[str]) -> bool:
@@ -102,7 +102,7 @@ def _name(call: ast.Call) -> str:
 
 
 def _message(anchor: ast.Call) -> str:
-    scaler = ast.unparse(anchor.func.value)  # type: ignore[attr-defined]
+    scaler = scaler_name(anchor)
     is_step = isinstance(anchor.func, ast.Attribute) and anchor.func.attr == "step"
     opt = ast.unparse(anchor.args[0]) if is_step and anchor.args else "opt"
     return (

@@ -68,6 +68,8 @@ SCALERS = patterns.GRAD_SCALERS | {
 # NB: identifiers of a loss scaler (timm's NativeScaler, `loss_scaler`, `self.grad_scaler`),
 # not sklearn's StandardScaler.
 SCALER_NAME = re.compile(r"(grad|loss|amp|apex|native)_?scaler", re.IGNORECASE)
+# what a decorator can be on
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 # a library's own backward: the loss is its argument (`accelerator.backward(loss)`)
 LIBRARY_BACKWARDS = frozenset({"manual_backward", "scale_loss"})
 EVAL_WORDS = frozenset({
@@ -193,16 +195,16 @@ def _scaled_by_hand(src: Source, loss: ast.expr) -> bool:
         return False
     function = src.function_of(loss)
     for node in src.nodes_of(ast.Assign, ast.AugAssign):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]  # type: ignore[attr-defined]
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         named = any(isinstance(t, ast.Name) and t.id == loss.id for t in targets)
         if named and src.function_of(node) is function and _scaling(src, node):
             return True
     return False
 
 
-def _scaling(src: Source, node: ast.AST) -> bool:
+def _scaling(src: Source, node: ast.Assign | ast.AugAssign) -> bool:
     """`loss = loss * loss_scale`, `loss = loss * 1024`, `loss *= 128`."""
-    value = node.value  # type: ignore[attr-defined]
+    value = node.value
     names_a_scale = "scale" in ast.unparse(value).lower()
     if isinstance(node, ast.AugAssign):
         multiplies = isinstance(node.op, ast.Mult)
@@ -229,7 +231,7 @@ def _scales_elsewhere(src: Source) -> bool:
     if scaler_uses(src) and not disabled:
         return True
     for node in src.nodes_of(ast.Name) + src.nodes_of(ast.Attribute):
-        name = node.id if isinstance(node, ast.Name) else node.attr  # type: ignore[attr-defined]
+        name = node.id if isinstance(node, ast.Name) else node.attr
         qualname = src.qualname(node)
         if disabled and (qualname is None or qualname in SCALERS):
             continue
@@ -271,13 +273,13 @@ def _lightning(src: Source) -> bool:
     """A LightningModule: Lightning's precision plugin scales the loss for `training_step`
     and passes `backward` an already scaled one."""
     defs = src.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef)
-    if any(d.name == "training_step" for d in defs):  # type: ignore[attr-defined]
+    if any(d.name == "training_step" for d in defs):
         return True
     modules = src.imports.aliases.values()
     return any(m.startswith(("lightning", "pytorch_lightning")) for m in modules)
 
 
-def _entered_at(src: Source, call: ast.Call, factory: bool = False) -> list[ast.AST]:
+def _entered_at(src: Source, call: ast.Call, factory: bool = False) -> list[ast.expr]:
     """Where the autocast is entered: the call itself, and for `ctx = torch.autocast(...)`
     every `with ctx:` of the file; for a `factory` (`amp_ctx = partial(torch.autocast,
     ...)`) every `with amp_ctx():`."""
@@ -290,7 +292,7 @@ def _entered_at(src: Source, call: ast.Call, factory: bool = False) -> list[ast.
     withs = [
         item.context_expr
         for node in src.nodes_of(ast.With, ast.AsyncWith)
-        for item in node.items  # type: ignore[attr-defined]
+        for item in node.items
         if _enters(item.context_expr, target, factory)
     ]
     return withs or [call]
@@ -310,16 +312,18 @@ def _trains(src: Source, site: ast.AST) -> bool:
     function = _function_entering(src, site)
     if function is None:
         return src.tree in differentiated(src)
-    if _evaluation(src, function):  # type: ignore[arg-type]
+    if _evaluation(src, function):
         return False
     return function in differentiated(src)
 
 
-def _function_entering(src: Source, site: ast.AST) -> ast.AST | None:
+def _function_entering(src: Source, site: ast.AST) -> Definition | None:
     """The function whose code runs under the autocast: the decorated one for
     `@torch.autocast(...)`, else the one around the `with` (None at module level)."""
     parent, field = src.parents.get(site, (None, ""))
-    return parent if field == "decorator_list" else src.function_of(site)
+    if field == "decorator_list" and isinstance(parent, Definition):
+        return parent
+    return src.function_of(site)
 
 
 def _steps_after(
@@ -337,7 +341,7 @@ def _steps_after(
     return any((src.function_of(s) or src.tree) in chain for s in steps)
 
 
-def _evaluation(src: Source, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def _evaluation(src: Source, function: Definition) -> bool:
     words = set(re.split(r"_+", function.name.lower()))
     backprops = any(_plain_backward(src, c) for c in src.calls_by_function.get(function, []))
     return bool(words & EVAL_WORDS) and not words & {"train", "training"} and not backprops

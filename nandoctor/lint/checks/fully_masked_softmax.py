@@ -128,7 +128,7 @@ def _causal_names(src: Source) -> frozenset[Key]:
                 names.add((None, str(first.value)))
     assignments = []
     for node in src.nodes_of(ast.Assign, ast.AnnAssign):
-        value = node.value  # type: ignore[attr-defined]
+        value = node.value
         if value is not None:
             targets = {k for t in _target_nodes(node) for k in _keys(src, t)}
             if CAUSAL.search(src.segment(value)):

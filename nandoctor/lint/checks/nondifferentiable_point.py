@@ -63,7 +63,7 @@ def nondifferentiable_point(src: Source) -> Iterator[Hit]:
             yield hit  # NB: `if d > 0: sqrt(d)` is no guard for the gradient of d
 
 
-def _sqrt(src: Source, node: ast.AST) -> Hit | None:
+def _sqrt(src: Source, node: ast.BinOp | ast.Call) -> Hit | None:
     argument = _sqrt_argument(src, node)
     if argument is None or not flow_of(src).has(argument, Kind.SQUARES):
         return None
@@ -75,7 +75,7 @@ def _sqrt(src: Source, node: ast.AST) -> Hit | None:
     )
 
 
-def _sqrt_argument(src: Source, node: ast.AST) -> ast.AST | None:
+def _sqrt_argument(src: Source, node: ast.BinOp | ast.Call) -> ast.expr | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
         return node.left if flow_of(src).const(node.right) == 0.5 else None
     if not isinstance(node, ast.Call):
@@ -87,7 +87,7 @@ def _sqrt_argument(src: Source, node: ast.AST) -> ast.AST | None:
         power = patterns.arg(node, 1, "exponent")
         return patterns.first_arg(node) if flow_of(src).const(power) == 0.5 else None
     receiver = patterns.method_receiver(src, node, frozenset({"sqrt", "pow"}))
-    if receiver is None or (node.func.attr == "pow" and _exponent(src, node) != 0.5):  # type: ignore[attr-defined]
+    if receiver is None or (_fn(node) == "pow" and _exponent(src, node) != 0.5):
         return None
     return receiver
 
@@ -96,7 +96,7 @@ def _exponent(src: Source, call: ast.Call) -> float | None:
     return flow_of(src).const(call.args[0]) if call.args else None
 
 
-def _arc(src: Source, node: ast.AST) -> Hit | None:
+def _arc(src: Source, node: ast.BinOp | ast.Call) -> Hit | None:
     if not isinstance(node, ast.Call):
         return None
     name = src.qualname(node.func) or ""
