@@ -16,7 +16,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -129,7 +129,7 @@ def handles_errors(command: F) -> F:
             outcome = Outcome(error=error)
         raise typer.Exit(exit_code(outcome or Outcome()))
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 @contextlib.contextmanager
