@@ -5,6 +5,7 @@ that layer, before any NaN; the same change far from the limit passes."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 
 from typer.testing import CliRunner
@@ -69,25 +70,72 @@ def test_baseline_round_trip_and_stable_key_order(project, tmp_path):
     assert baseline.to_json() == text
 
 
+def record(path, out) -> None:
+    result = runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
+    assert result.exit_code == 0 and out.exists(), result.output
+
+
+def gated(path, out, *options: str) -> tuple[int, dict]:
+    """The exit code and the JSON report of `diagnose --baseline out`."""
+    args = ["diagnose", str(path), "--baseline", str(out), "--json", "-", "-q", *options]
+    result = runner.invoke(app, args)
+    return result.exit_code, json.loads(result.stdout)
+
+
+# every opt-in comparison, at its tightest: no growth, no loss increase at all
+TIGHTEST = ("--max-activation-growth", "1", "--max-gradient-growth", "1")
+TIGHTEST += ("--max-loss-increase", "0")
+
+
 def test_the_same_run_passes_its_baseline(project, tmp_path):
+    """Same config, same seed: the same numbers, so every comparison passes even with no
+    margin at all (a gate that read another run, or none, would not say 1.00x)."""
     path, out = config(project, tmp_path), tmp_path / "b.json"
-    runner.invoke(app, ["baseline", str(path), "--out", str(out), "-q"])
-    result = runner.invoke(app, ["diagnose", str(path), "--baseline", str(out), "-q"])
-    assert result.exit_code == 0, result.output
+    record(path, out)
+    code, report = gated(path, out, *TIGHTEST)
+    assert code == 0 and report["status"] == "healthy"
+    gate = report["gate"]
+    assert gate["baseline"] == str(out)
+    checks = {c["name"]: c for c in gate["checks"]}
+    assert list(checks) == [
+        "headroom loss",
+        "scaler skips",
+        "activation growth",
+        "gradient growth",
+        "gradient norm",
+        "final loss",
+    ]
+    assert all(c["passed"] for c in checks.values()), checks
+    assert ", 1.00x the baseline's " in checks["gradient norm"]["message"]
+    final = re.fullmatch(
+        r"final loss (\S+) \(baseline (\S+), limit \S+\)", checks["final loss"]["message"]
+    )
+    assert final is not None and final[1] == final[2]
 
 
 def test_doubling_one_layer_far_from_the_limit_passes(project, tmp_path):
+    """The change the next test fails, in the same float16 run without its large
+    activations: the gate sees fc2's activations double (an opt-in growth limit flags
+    them), and passes the run by default, since its peaks stay far from 65504."""
     out = tmp_path / "b.json"
-    runner.invoke(app, ["baseline", str(config(project, tmp_path)), "--out", str(out), "-q"])
-    changed = config(project, tmp_path, double="fc2")
-    result = runner.invoke(app, ["diagnose", str(changed), "--baseline", str(out), "-q"])
-    assert result.exit_code == 0, result.output
+    record(config(project, tmp_path, fp16=True), out)
+    changed = config(project, tmp_path, fp16=True, double="fc2")
+    code, report = gated(changed, out)
+    assert code == 0, report["gate"]
+    checks = {c["name"]: c for c in report["gate"]["checks"]}
+    assert {"headroom", "headroom loss"} <= set(checks)
+    assert all(c["passed"] for c in checks.values()), checks
+    code, report = gated(changed, out, "--max-activation-growth", "1.5")
+    assert code == 1
+    (failed,) = [c for c in report["gate"]["checks"] if not c["passed"]]
+    assert failed["name"] == "activation growth"
+    assert failed["message"].startswith("fc2 (Linear) activations peaked at")
 
 
 def test_doubling_one_layer_near_the_float16_limit_fails_the_gate_naming_it(project, tmp_path):
     out, junit = tmp_path / "b.json", tmp_path / "junit.xml"
     base = config(project, tmp_path, fp16=True, gain=GAIN)
-    runner.invoke(app, ["baseline", str(base), "--out", str(out), "-q"])
+    record(base, out)
     changed = config(project, tmp_path, fp16=True, gain=GAIN, double="fc2")
     result = runner.invoke(
         app,
