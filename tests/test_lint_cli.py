@@ -144,14 +144,24 @@ def test_suppression_comments(here):
     assert result.stdout == "No problems in 1 file checked; 1 suppressed.\n"
 
 
+DIVISION = """
+def masked_mean(per_token, mask):
+    return (per_token * mask).sum() / mask.sum()
+masked_mean(l, m).backward()
+"""
+
+
 def test_pyproject_defaults_and_command_line_overrides(here):
+    path = script(here, WARNING + DIVISION)
+    assert found_ids(path) == {"log-of-softmax", "division-by-zero"}, "without the table"
     (here / "pyproject.toml").write_text(
         '[tool.nandoctor.lint]\nfail-on = "error"\nignore = ["division-by-zero"]\n',
         encoding="utf-8",
     )
-    path = script(here, WARNING)
+    assert found_ids(path) == {"log-of-softmax"}, "ignore from pyproject.toml"
     assert lint(path).exit_code == 0, "fail-on = error from pyproject.toml"
     assert lint(path, "--fail-on", "warning").exit_code == 1, "the flag wins"
+    assert found_ids(path, "--ignore", "log-of-softmax") == set(), "--ignore adds to the list"
 
 
 def test_a_bad_pyproject_is_a_one_line_config_error(here):
