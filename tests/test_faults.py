@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -145,6 +146,15 @@ def odd_fields(kind, nan=False):
         "file": lambda: open(__file__),
     }[kind]
     return [{"x": x, "y": y, "extra": field()} for x, y in data]
+
+
+def weighted(weights):
+    # a weight per sample, exported from a spreadsheet into the config
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(len(weights), 8, generator=g), torch.randint(0, 3, (len(weights),), generator=g)
+    sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=32, generator=g)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    return torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
 
 
 def starts_a_thread(model, batch):
@@ -375,7 +385,7 @@ HOSTILE_YAML = [
     ("alias bomb", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)), "aliases expand to more than"),
     ("alias inside itself", "model: &m [*m]\n", "an alias refers to itself"),
     ("absurd nesting", "model: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
-    ("huge file", "# " + "x" * (2 << 20) + "\n", "more than the limit of 1048576"),
+    ("huge file", "# " + "x" * (64 << 20) + "\n", "more than the limit of 67108864 (64 MiB)"),
     ("steps past the index range", BASE.replace("steps: 3", f"steps: {2**63}"), "steps: expected a value less than or equal to"),
 ]  # fmt: skip
 
@@ -393,11 +403,23 @@ def test_hostile_yaml_is_refused_quickly(folder, name, text, message):
     no_traceback_of_ours(result)
 
 
+def test_a_config_that_carries_260000_weights_runs_like_any_other(folder):
+    """A 5.4 MB config (it was 'the config is 5460322 bytes, more than the limit of
+    1048576'): the limits are for what never ends or multiplies, not for data."""
+    rng = random.Random(0)
+    weights = ", ".join(repr(rng.random()) for _ in range(260_000))
+    config = configured(folder, f"data: faults.py:weighted\ndata_args: {{weights: [{weights}]}}")
+    assert config.stat().st_size > 5_000_000
+    result = diagnose(str(config), "--json", "report.json", "--no-verify")
+    assert result.exit_code == 0, result.output[-2000:]
+    assert json.loads((folder / "report.json").read_text())["steps_completed"] == 3
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["/dev/zero"], "/dev/zero: the config is more than the limit of 1048576 bytes"),
+        (["/dev/zero"], "/dev/zero: the config is more than the limit of 67108864 bytes (64 MiB)"),
         (["CONFIG", "--baseline", "/dev/zero"], "--baseline /dev/zero: not a baseline: more than"),
     ],
 )
