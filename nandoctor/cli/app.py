@@ -34,6 +34,7 @@ from nandoctor.errors import (
     UserExit,
     forget_torch_globals,
     is_user_file,
+    memory_message,
     out_of_memory,
     peer_failed,
     peer_failure,
@@ -199,7 +200,7 @@ def unexpected_error(error: BaseException) -> NandoctorError:
         return environment_error(error)
     if out_of_memory(error):
         return UsageError(
-            f"out of memory: {first_line(error)}",
+            f"out of memory: {memory_message(error)}",
             hint="try fewer --steps, a smaller batch, or snapshot: {every: N} with a larger N",
         )
     if not isinstance(error, RecursionError) and _raised_in_user_code(error):

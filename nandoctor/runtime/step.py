@@ -27,6 +27,7 @@ from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import to_device
 from nandoctor.setup.data import MicroBatches
+from nandoctor.setup.scaler import check_master_weights
 from nandoctor.setup.session import Session
 
 
@@ -75,7 +76,11 @@ def _backward(session: Session, ctx: StepContext, *, last: bool) -> None:
         return
     ctx.grad_scale = None
     if scaler is not None:
-        scaler.unscale_(session.optimizer)
+        try:
+            scaler.unscale_(session.optimizer)
+        except ValueError:  # NB: float16 weights, made so after the check before the run
+            check_master_weights(session.config.precision, session.optimizer, session.model)
+            raise
     max_norm = session.config.clip_grad_norm
     if max_norm is not None:
         ctx.grad_norm = torch.nn.utils.clip_grad_norm_(session.params, max_norm)

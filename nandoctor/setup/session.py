@@ -32,6 +32,7 @@ from nandoctor.setup.distributed import Ranks
 from nandoctor.setup.dtypes import torch_dtype
 from nandoctor.setup.entrypoints import add_python_path, resolve
 from nandoctor.setup.load import LoadedConfig
+from nandoctor.setup.scaler import build_scaler
 from nandoctor.setup.schema import Config, FactorySpec
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -169,7 +170,7 @@ def _build_session(loaded: LoadedConfig) -> Session:
         fsdp.shard(model, config.distributed, cast(Ranks, ranks))
     optimizer = build_optimizer(config.optimizer, model, base)
     scheduler = build_scheduler(config.scheduler, optimizer, base) if config.scheduler else None
-    scaler = _build_scaler(config, device)
+    scaler = build_scaler(config.precision, device, optimizer, model)
     if state is not None:
         if sharded and state.optimizer is not None:  # whole tensors: cut this rank's shards
             state = replace(state, optimizer=fsdp.shard_optimizer_state(optimizer, state.optimizer))
@@ -394,9 +395,3 @@ def _suggest(name: str | None, namespace: Any, base_class: type) -> str:
 
 def _kwargs_text(kwargs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-
-
-def _build_scaler(config: Config, device: torch.device) -> torch.amp.GradScaler | None:
-    if not config.precision.use_grad_scaler:
-        return None
-    return torch.amp.GradScaler(device.type, init_scale=config.precision.init_scale)
