@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import itertools
 import math
 import random
 import re
@@ -273,7 +274,20 @@ def _build_model(config: Config, base: Path) -> torch.nn.Module:
         )
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"model: {config.model} built a model with no trainable parameters")
+    meta = [
+        n for n, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta
+    ]
+    if meta:  # NB: .to(device) of a meta tensor raises torch's NotImplementedError
+        raise ConfigError(
+            f"model: {config.model} built a model whose weights are on the meta device, with "
+            f"no values ({_names(meta)}): build it on a real device, or materialise it in the "
+            "builder (model.to_empty(device=...), then initialise or load its weights)"
+        )
     return model
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
 
 
 def build_optimizer(spec: FactorySpec, model: torch.nn.Module, base: Path) -> torch.optim.Optimizer:
