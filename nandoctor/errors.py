@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import sysconfig
 import traceback
@@ -154,9 +155,13 @@ def peer_failure(error: BaseException, where: str) -> PeerFailure:
 
 def out_of_memory(error: BaseException) -> bool:
     """A `MemoryError`, or torch's out-of-memory error (`torch.OutOfMemoryError`, named
-    `torch.cuda.OutOfMemoryError` before torch 2.5). NB: torch is looked up, not
+    `torch.cuda.OutOfMemoryError` before torch 2.5), or the RuntimeError of torch's CPU
+    allocator ("[enforce fail at alloc_cpu.cpp:127] ... DefaultCPUAllocator: can't
+    allocate memory"), which is no OutOfMemoryError. NB: torch is looked up, not
     imported: no torch, no torch error."""
     if isinstance(error, MemoryError):
+        return True
+    if isinstance(error, RuntimeError) and any(s in str(error) for s in _ALLOCATORS_OUT):
         return True
     torch = sys.modules.get("torch")
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(
@@ -274,8 +279,7 @@ class UserCodeOutOfMemory(UserCodeError):
 
     def __init__(self, where: str, error: BaseException) -> None:
         super().__init__(where, error)
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "MemoryError"
-        self.message = f"{where} ran out of memory: {first}"
+        self.message = f"{where} ran out of memory: {memory_message(error)}"
         self.hint = "try a smaller batch or model, fewer --steps, or another --device"
         self.args = (self.message,)
 
@@ -313,6 +317,17 @@ class RankDied(NandoctorError):
 
     exit_code = ExitCode.USER_CODE
 
+
+def memory_message(error: BaseException) -> str:
+    """The first line of an out-of-memory error, without the CPU allocator's C++ check
+    (`[enforce fail at alloc_cpu.cpp:127] err == 0. `), which says nothing to a user."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return re.sub(r"^\[enforce fail at [^\]]*\]\s*(err == 0\.\s*)?", "", first) or first
+
+
+# What torch's allocators that raise a plain RuntimeError say when memory runs out.
+_ALLOCATORS_OUT = ("DefaultCPUAllocator: can't allocate memory", "MPS backend out of memory")
 
 # What gloo and NCCL say when the other end of a collective is gone or silent.
 _PEER_GONE = (

@@ -1148,3 +1148,31 @@ def test_a_collapse_the_with_form_could_not_recheck_says_what_else_it_may_be():
         e.startswith("its skips were not rechecked at loss scale 1 (no rerun of the loop did)")
         for e in collapse.evidence
     ), collapse.evidence
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+@pytest.mark.parametrize("form", ["step", "with"])
+def test_a_grad_scaler_over_float16_parameters_raises_the_users_error_with_the_way_out(form):
+    """The user's own GradScaler refuses float16 gradients: the error stays theirs (their
+    frame, their type, for their `except`), and says why and what to do."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def train_step(x):
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x.half()).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    x = torch.randn(4, 8)
+    refused = pytest.raises(ValueError, match="Attempting to unscale FP16 gradients")
+    with refused as caught, Guard(model, optimizer, scaler) as guard:
+        guard.step(train_step, x) if form == "step" else train_step(x)
+    (note,) = caught.value.__notes__
+    assert note.startswith("nandoctor: the parameters this optimizer steps are float16")
+    assert "a GradScaler needs float32 master weights" in note
+    assert "keep the parameters in float32" in note and "enabled=False" in note

@@ -3,9 +3,13 @@ file, the line, the key and what was expected."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+import yaml
 
 from nandoctor.errors import ConfigError
+from nandoctor.setup import load as load_module
 from nandoctor.setup.entrypoints import resolve
 from nandoctor.setup.load import load_config
 from tests.conftest import TRAIN_PY
@@ -164,3 +168,70 @@ def test_a_key_that_looks_like_a_pydantic_validator_name(project):
     """Found by hypothesis: pydantic names validators 'function-after[...]' in locations."""
     message = error_of(project, MINIMAL + "function-: 1\n")
     assert ":4: unknown key 'function-'; expected one of: name, python_path, model" in message
+
+
+def per_sample_weights(n: int = 260_000) -> list[float]:
+    """Weights as a spreadsheet exports them: full float reprs, ~21 bytes each."""
+    rng = random.Random(0)
+    return [rng.random() for _ in range(n)]
+
+
+def test_a_config_that_carries_data_is_read(project):
+    """260,000 per-sample weights exported into data_args: a 5.4 MB config, and a legal
+    one (it was refused: 'the config is 5460322 bytes, more than the limit of 1048576')."""
+    weights = per_sample_weights()
+    text = MINIMAL + "data_args:\n  weights: [" + ", ".join(map(repr, weights)) + "]\n"
+    assert len(text) > 5_000_000
+    loaded = load_config(project(text))
+    assert loaded.config.data_args["weights"] == weights
+    assert loaded.lines[("data_args", "weights")] == 5
+
+
+def test_aliases_may_reuse_values_but_not_multiply_them(project):
+    """What is written out is bounded by the file's size; aliases may add 100,000 values
+    to it, no more (a few lines that expand to 10^9 values are an alias bomb)."""
+    row = "[" + ", ".join(["1"] * 1000) + "]"
+    reused = MINIMAL + f"model_args:\n  rows: &row {row}\n"
+    again = "".join(f"  copy{i}: *row\n" for i in range(99))
+    assert len(load_config(project(reused + again)).config.model_args) == 100  # +99,000
+    message = error_of(project, reused + again + "  copy99: *row\n  copy100: *row\n")
+    assert "its aliases expand to more than 100000 values beyond those written out" in message
+
+
+CORNERS = """\
+model: train.py:build_model  # a comment
+data: train.py:build_data
+base: &base {lr: 0.1, momentum: 0.9}
+optimizer:
+  <<: *base
+  name: SGD
+data_args:
+  nested: [[1, 2], {a: [3, "4"]}]
+  when: 2024-01-02
+  text: |
+    two
+    lines
+"""
+
+
+@pytest.mark.parametrize("reader", ["libyaml", "python"])
+def test_both_yaml_readers_read_a_config_alike(project, monkeypatch, reader):
+    """libyaml's reader is used where PyYAML has it (10x faster); the pure-Python one
+    where it has not: the same data, the same lines, the same messages."""
+    if reader == "libyaml" and not getattr(yaml, "__with_libyaml__", False):
+        pytest.skip("PyYAML was built without libyaml here")
+    monkeypatch.setattr(
+        load_module, "_LOADER", yaml.CSafeLoader if reader == "libyaml" else yaml.SafeLoader
+    )
+    path = project(CORNERS)
+    data, lines = load_module._parse_yaml(path, path.read_text())
+    assert data["optimizer"] == {"lr": 0.1, "momentum": 0.9, "name": "SGD"}
+    assert data["data_args"]["nested"] == [[1, 2], {"a": [3, "4"]}]
+    assert data["data_args"]["text"] == "two\nlines\n"
+    assert str(data["data_args"]["when"]) == "2024-01-02"
+    assert (lines[("optimizer", "name")], lines[("data_args", "nested", 1, "a", 1)]) == (6, 8)
+    message = error_of(project, "model: [unclosed\n")  # NB: worded by each reader
+    assert ":2:1: the YAML does not parse: " in message and "expected ',' or ']'" in message
+    assert error_of(project, "model: " + "[" * 5000 + "]" * 5000 + "\n").endswith(
+        ":1: nested more than 64 levels deep"
+    )

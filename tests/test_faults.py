@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -147,6 +148,39 @@ def odd_fields(kind, nan=False):
     return [{"x": x, "y": y, "extra": field()} for x, y in data]
 
 
+def weighted(weights):
+    # a weight per sample, exported from a spreadsheet into the config
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(len(weights), 8, generator=g), torch.randint(0, 3, (len(weights),), generator=g)
+    sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=32, generator=g)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    return torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler)
+
+
+def half_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).half()
+
+
+def float16_by_default():
+    torch.set_default_dtype(torch.float16)  # "to save memory", in the builder
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+class GreedyUnderTrace(nn.Module):
+    # needs room only while every op is checked (the tracer's dispatch mode): the replay
+    # runs out of memory where the run did not
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        if _get_current_dispatch_mode_stack():
+            torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: the CPU's allocator refuses it
+        return self.net(x)
+
+
 def starts_a_thread(model, batch):
     if not getattr(starts_a_thread, "started", False):
         starts_a_thread.started = True
@@ -212,6 +246,14 @@ RUNS = [
     ("an open file in the batch", "data: faults.py:odd_fields\ndata_args: {kind: file}\nloss: faults.py:dict_loss", 0, "HEALTHY", "healthy"),
     ("set_default_dtype in the loss", "loss: faults.py:sets_float64", 0, "HEALTHY", "healthy"),
     ("set_num_threads in the loss", "loss: faults.py:sets_one_thread", 0, "HEALTHY", "healthy"),
+    # a GradScaler cannot unscale float16 gradients (it was 'internal error: ValueError:
+    # Attempting to unscale FP16 gradients.'): refused before the first step
+    ("float16 parameters under the default GradScaler", "model: faults.py:half_model\nprecision: {dtype: float16}", 2, "config.yaml:4: precision.grad_scaler: the optimizer's parameters are float16 (4 of 4: 0.weight, 0.bias, 2.weight, ...), and a GradScaler (on by default with float16) needs float32 master weights", None),
+    ("set_default_dtype(float16) in the builder, a GradScaler", "model: faults.py:float16_by_default\nprecision: {dtype: float16, grad_scaler: true}", 2, "precision.grad_scaler: the optimizer's parameters are float16 (4 of 4", None),
+    ("float16 parameters, no GradScaler", "model: faults.py:half_model\nprecision: {dtype: float16, grad_scaler: false}", 0, "HEALTHY", "healthy"),
+    # the CPU's allocator raises a RuntimeError (it was 'internal error: RuntimeError:
+    # [enforce fail at alloc_cpu.cpp:127] ...'): the stage is named, the report written
+    ("out of memory in the instrumented replay", "model: faults.py:GreedyUnderTrace\ndata_args: {nan_at: 2}", 2, "error: out of memory in the instrumented replay of step 2, in the full trace of step 2 and again in the lighter one: the report of what the run saw stands (step 2, phase input)", "nonfinite"),
 ]  # fmt: skip
 
 
@@ -238,6 +280,33 @@ def test_each_odd_run_ends_with_its_exit_code_and_report(
     # the user's global settings never leak into nandoctor's (or the next run's) work
     assert (torch.get_default_dtype(), torch.get_num_threads()) == (dtype, threads)
     assert torch.is_grad_enabled() == grad
+
+
+def test_float16_parameters_under_a_grad_scaler_say_why_and_both_ways_out_in_one_line(folder):
+    config = configured(folder, "model: faults.py:half_model\nprecision: {dtype: float16}")
+    result = diagnose(str(config))
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "a GradScaler (on by default with float16) needs float32 master weights" in line
+    assert "set precision.grad_scaler: false" in line
+    assert "or keep the parameters in float32" in line and "let autocast cast them" in line
+    assert "internal error" not in result.output
+
+
+def test_out_of_memory_in_the_replay_says_how_to_give_it_room(folder):
+    config = configured(folder, "model: faults.py:GreedyUnderTrace\ndata_args: {nan_at: 2}")
+    result = diagnose(str(config), "--json", "report.json", "--no-verify")
+    assert result.exit_code == 2, result.output
+    assert "hint: the replay needs more memory than the run: give it room with a smaller " in (
+        result.output
+    )
+    assert "fewer micro-batches in the step it traces (grad_accum_steps)" in result.output
+    report = json.loads((folder / "report.json").read_text())
+    assert report["first_nonfinite"]["reproduced"] is None
+    assert report["notes"][-1].startswith(
+        "the instrumented replay of step 2 ran out of memory in the full trace of step 2 and "
+        "again in the lighter one: what the run saw stands"
+    )
 
 
 def test_a_global_setting_the_users_code_changed_is_reported(folder):
@@ -375,7 +444,7 @@ HOSTILE_YAML = [
     ("alias bomb", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)), "aliases expand to more than"),
     ("alias inside itself", "model: &m [*m]\n", "an alias refers to itself"),
     ("absurd nesting", "model: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than 64 levels deep"),
-    ("huge file", "# " + "x" * (2 << 20) + "\n", "more than the limit of 1048576"),
+    ("huge file", "# " + "x" * (64 << 20) + "\n", "more than the limit of 67108864 (64 MiB)"),
     ("steps past the index range", BASE.replace("steps: 3", f"steps: {2**63}"), "steps: expected a value less than or equal to"),
 ]  # fmt: skip
 
@@ -393,11 +462,23 @@ def test_hostile_yaml_is_refused_quickly(folder, name, text, message):
     no_traceback_of_ours(result)
 
 
+def test_a_config_that_carries_260000_weights_runs_like_any_other(folder):
+    """A 5.4 MB config (it was 'the config is 5460322 bytes, more than the limit of
+    1048576'): the limits are for what never ends or multiplies, not for data."""
+    rng = random.Random(0)
+    weights = ", ".join(repr(rng.random()) for _ in range(260_000))
+    config = configured(folder, f"data: faults.py:weighted\ndata_args: {{weights: [{weights}]}}")
+    assert config.stat().st_size > 5_000_000
+    result = diagnose(str(config), "--json", "report.json", "--no-verify")
+    assert result.exit_code == 0, result.output[-2000:]
+    assert json.loads((folder / "report.json").read_text())["steps_completed"] == 3
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["/dev/zero"], "/dev/zero: the config is more than the limit of 1048576 bytes"),
+        (["/dev/zero"], "/dev/zero: the config is more than the limit of 67108864 bytes (64 MiB)"),
         (["CONFIG", "--baseline", "/dev/zero"], "--baseline /dev/zero: not a baseline: more than"),
     ],
 )
@@ -417,10 +498,30 @@ def test_numbers_past_what_the_platform_holds_are_usage_errors(folder, option, v
     no_traceback_of_ours(result)
 
 
+CPU_OUT_OF_MEMORY = (
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+    "memory: you tried to allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)"
+)
+# the CPU's allocator raises a plain RuntimeError (it was 'internal error: RuntimeError: ...')
+NO_MEMORY = {
+    "device": lambda: torch.OutOfMemoryError("CUDA out of memory (test)"),
+    "host": lambda: RuntimeError(CPU_OUT_OF_MEMORY),
+}
+STAGES = {
+    "capture": "saving the run's state to replay from",
+    "restore": "rewinding to step 2",
+}
+
+
+@pytest.mark.parametrize("memory", list(NO_MEMORY))
 @pytest.mark.parametrize("where", ["capture", "restore"])
-def test_out_of_memory_in_snapshots_still_writes_the_report(folder, monkeypatch, where):
+def test_out_of_memory_in_snapshots_still_writes_the_report(folder, monkeypatch, where, memory):
+    """The run stops keeping snapshots and goes on watching; the replay that needs one
+    cannot run: its stage is named, what the run saw is written (exit 2, as every
+    out-of-memory failure)."""
+
     def no_memory(self, *args):
-        raise torch.OutOfMemoryError("out of memory (test)")
+        raise NO_MEMORY[memory]()
 
     if where == "capture":
         monkeypatch.setattr(StateSnapshot, "capture", no_memory)
@@ -428,10 +529,30 @@ def test_out_of_memory_in_snapshots_still_writes_the_report(folder, monkeypatch,
         monkeypatch.setattr(StateSnapshot, "restore", no_memory)
     config = configured(folder, "data_args: {nan_at: 2}")
     result = diagnose(str(config), "--json", "report.json", "--no-verify")
-    assert result.exit_code == 1, result.output  # the NaN was still found
+    assert result.exit_code == 2, result.output
+    stage = f"out of memory in the instrumented replay of step 2, {STAGES[where]}: "
+    assert f"error: {stage}the report of what the run saw stands (step 2, phase input)" in (
+        result.output
+    )
     report = json.loads((folder / "report.json").read_text())
     assert report["status"] == "nonfinite" and report["first_nonfinite"]["step"] == 2
+    assert report["first_nonfinite"]["reproduced"] is None  # not "the replay saw nothing"
     no_traceback_of_ours(result)
+
+
+@pytest.mark.parametrize("memory", list(NO_MEMORY))
+def test_out_of_memory_in_a_fixs_replay_leaves_that_fix_unverified(folder, monkeypatch, memory):
+    from nandoctor.diagnose import verify
+
+    def no_memory(*args, **kwargs):
+        raise NO_MEMORY[memory]()
+
+    monkeypatch.setattr(verify, "fast_run", no_memory)
+    result = diagnose(str(configured(folder, "data_args: {nan_at: 2}")), "--json", "r.json")
+    assert result.exit_code == 1, result.output  # found; the report written
+    cause = json.loads((folder / "r.json").read_text())["causes"][0]
+    assert cause["verified"] is None
+    assert cause["verification"].endswith(": the replay ran out of memory")
 
 
 ENV = Environment("cpu", "2.x", "float32", False, 1)

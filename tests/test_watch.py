@@ -7,6 +7,7 @@ The subprocesses run this interpreter (`sys.executable`), as `python` would in a
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -380,6 +381,44 @@ def test_a_nan_that_makes_the_script_raise_inside_its_step_is_that_steps_failure
     assert code == 1 and report["status"] == "nonfinite"
     assert (first["step"], first["phase"], first["tensor"]) == (3, "input", "input:0")
     assert first["reproduced"] is True and report["causes"][0]["id"] == "nonfinite-input"
+
+
+HALF_UNDER_SCALER = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).half()  # "saves memory"
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+for step in range(3):
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 8).half()).float().pow(2).mean()
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python 3.11's")
+def test_a_script_whose_grad_scaler_refuses_float16_parameters_is_told_why(tmp_path):
+    """The script's own GradScaler raises: its code raised (3, its frame printed by
+    Python), and the report says why and what to do, not only PyTorch's one line."""
+    (tmp_path / "train.py").write_text(HALF_UNDER_SCALER)
+    proc = subprocess.run(
+        [PY, "-m", "nandoctor", "watch", "--json", "r.json", "--", PY, "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert 'train.py", line 13, in <module>' in proc.stderr  # the user's frame
+    assert "nandoctor: the parameters this optimizer steps are float16" in proc.stderr
+    note = json.loads((tmp_path / "r.json").read_text())["notes"][-1]
+    assert note.startswith("the command exited with code 1: it raised ValueError: ")
+    assert "a GradScaler needs float32 master weights" in note
+    assert "keep the parameters in float32" in note
 
 
 SLOWER_RERUN = """

@@ -34,6 +34,7 @@ from nandoctor.errors import (
     UserExit,
     forget_torch_globals,
     is_user_file,
+    memory_message,
     out_of_memory,
     peer_failed,
     peer_failure,
@@ -197,9 +198,13 @@ def unexpected_error(error: BaseException) -> NandoctorError:
         _stdout_to_devnull()
     if isinstance(error, OSError):
         return environment_error(error)
+    if isinstance(error, RuntimeError) and str(error).startswith("Symlink loop from "):
+        # NB: pathlib's resolve() says ELOOP so before Python 3.13
+        where = str(error).removeprefix("Symlink loop from ").strip("'")
+        return UsageError(f"a symbolic link that leads to itself: {where}", hint=_LOOP_HINT)
     if out_of_memory(error):
         return UsageError(
-            f"out of memory: {first_line(error)}",
+            f"out of memory: {memory_message(error)}",
             hint="try fewer --steps, a smaller batch, or snapshot: {every: N} with a larger N",
         )
     if not isinstance(error, RecursionError) and _raised_in_user_code(error):
@@ -208,6 +213,9 @@ def unexpected_error(error: BaseException) -> NandoctorError:
         f"internal error: {type(error).__name__}: {first_line(error)}",
         hint="this is a bug in nandoctor: please report it with the output of --debug",
     )
+
+
+_LOOP_HINT = "the link (or one it points to) points back to itself: fix or remove it"
 
 
 def _stdout_to_devnull() -> None:

@@ -145,6 +145,11 @@ def diagnose(
         if e.report is not None:  # NB: set in a single process only (`fast_run`)
             write_reports(e.report, outputs)
         raise
+    except engine.ReplayOutOfMemory as e:  # NB: what the run saw stands: shown and written
+        if distributed.current_rank() == 0:
+            render_report(console, e.report, quiet=quiet, divergence_fails=fail_on_divergence)
+            write_reports(e.report, outputs, fail_on_divergence)
+        raise
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
     report = _stopped_by_a_peer(report)

@@ -110,8 +110,10 @@ def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNon
         return None
     found = located.finding if located is not None else None
     if found is None:
-        # NB: False: a replay ran and saw nothing; None: nothing was replayed (`with` form)
-        reproduced = False if located is not None else None
+        # NB: False: a replay ran and saw nothing; None: nothing was replayed (`with` form),
+        # or the replay ran out of memory before it was done
+        replayed = located is not None and located.out_of_memory is None
+        reproduced = False if replayed else None
         found = batch_finding(failure)
         if found is not None:  # NB: the sentinel kept the batch: named, not replayed
             return dataclasses.replace(_first_of(failure.step, found), reproduced=reproduced)

@@ -31,7 +31,7 @@ from nandoctor.diagnose.summary import (
     VERIFY_INTERRUPTED,
     run_notes,
 )
-from nandoctor.errors import UsageError, forget_torch_globals
+from nandoctor.errors import NandoctorError, UsageError, forget_torch_globals
 from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, Recorded, localize, localize_failure
@@ -141,7 +141,30 @@ def diagnose(
     if result.raised is not None:  # the user's code raised: its report rides with the error
         result.raised.report = report
         raise result.raised
+    if findings.located is not None and findings.located.out_of_memory is not None:
+        raise ReplayOutOfMemory(findings.located, report, session.device)
     return report
+
+
+class ReplayOutOfMemory(NandoctorError):
+    """The instrumented replay ran out of memory even with the lighter trace (exit 2, as
+    every out-of-memory failure: the machine's limit). The report of what the run saw
+    stands, and rides with the error (`report`): the CLI writes it all the same."""
+
+    def __init__(self, located: Localization, report: Report, device: torch.device) -> None:
+        phase = report.first_nonfinite.phase if report.first_nonfinite is not None else None
+        seen = f"step {located.step}, phase {phase}" if phase else f"step {located.step}"
+        room = "--device cpu (the host's memory), " if device.type == "cuda" else ""
+        free = "" if device.type == "cuda" else ", or free some of the host's memory"
+        super().__init__(
+            f"out of memory in the instrumented replay of step {located.step}, "
+            f"{located.out_of_memory}: the report of what the run saw stands ({seen}); "
+            "the operator, module and line the replay would have named are unknown",
+            hint=f"the replay needs more memory than the run: give it room with {room}a "
+            f"smaller batch, or fewer micro-batches in the step it traces (grad_accum_steps)"
+            f"{free}",
+        )
+        self.report = report
 
 
 def interrupted_before_the_run(loaded: LoadedConfig) -> Report:

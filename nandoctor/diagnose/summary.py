@@ -131,6 +131,8 @@ def replay_notes(located: Localization | None, failure: Verdict | None = None) -
 
 
 def _replay_notes(located: Localization, failure: Verdict | None) -> list[str]:
+    if located.out_of_memory is not None:
+        return [replay_out_of_memory(located)]
     if located.reproduced:
         return [located.note] if located.note else []
     if not located.reached:  # NB: it saw nothing because it never got there
@@ -149,6 +151,16 @@ def _replay_notes(located: Localization, failure: Verdict | None) -> list[str]:
     return [
         f"the instrumented replay of step {located.step} saw no non-finite value{seen}: {why}{note}"
     ]
+
+
+def replay_out_of_memory(located: Localization) -> str:
+    """`the instrumented replay of step 7 ran out of memory in the full trace of step 7
+    and again in the lighter one: what the run saw stands ...`."""
+    return (
+        f"the instrumented replay of step {located.step} ran out of memory "
+        f"{located.out_of_memory}: what the run saw stands (the step and its phase); the "
+        "operator, module and line the replay would have named are unknown"
+    )
 
 
 def _origin_sentence(found: Finding) -> str:

@@ -44,7 +44,7 @@ from nandoctor.causes.ranking import FAR_BEHIND, Replay, rerank
 from nandoctor.causes.unit import Change, Fix, fixes_for
 from nandoctor.causes.words import OVERFLOWED, num, plural
 from nandoctor.diagnose.learning import learning_of
-from nandoctor.errors import NandoctorError
+from nandoctor.errors import NandoctorError, out_of_memory
 from nandoctor.registry import Registry
 from nandoctor.report.types import Cause
 from nandoctor.runtime.fast_run import fast_run
@@ -53,7 +53,6 @@ from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.safe_ops import family
 from nandoctor.runtime.snapshot import StateSnapshot
-from nandoctor.runtime.tensors import MEMORY_ERRORS
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
@@ -391,7 +390,9 @@ def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = No
     except NandoctorError as e:
         why = f"not verified {plan.describe}: the replay failed: {e.message}"
         return Verdict(Replay.NOT_REPLAYED, why)
-    except MEMORY_ERRORS:  # the report is still written
+    except Exception as e:  # NB: the report is still written (the CPU's is a RuntimeError)
+        if not out_of_memory(e):
+            raise
         why = f"not verified {plan.describe}: the replay ran out of memory"
         return Verdict(Replay.NOT_REPLAYED, why)
     return _judge(plan, patch, result, case, target, steps, resume is not None)

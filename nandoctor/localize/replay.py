@@ -15,9 +15,10 @@ broken, trace the step before, whose update broke them.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -34,12 +35,7 @@ from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore, StateSnapshot
 from nandoctor.runtime.state import TrainingObjects, device_of
-from nandoctor.runtime.tensors import MEMORY_ERRORS
 
-NO_MEMORY_TO_REPLAY = (
-    "no replay: out of memory saving the state to replay from; the report names the step "
-    "and phase, not the tensor"
-)
 NO_MEMORY_TO_RESTORE = (
     "out of memory restoring the state after the replay: the causes below were judged on "
     "the replayed state"
@@ -61,6 +57,10 @@ class Localization:
     transients: list[Transient] = field(default_factory=list)  # healed on the way
     reached: bool = True  # False: the replay ended before the step (a rerun of a command)
     drift: str | None = None  # a replayed step's loss differed from the run's (`Recorded`)
+    # the stage of the replay that ran out of memory, even with the lighter trace: `saving
+    # the run's state to replay from`, `rerunning steps 3 to 6 on the way`, `in the full
+    # trace of step 7 and again in the lighter one`
+    out_of_memory: str | None = None
 
     @property
     def reproduced(self) -> bool:
@@ -121,24 +121,29 @@ def localize(
     `loss_scale` forces the replayed step's GradScaler scale (see `localize_failure`).
     `recorded`: the run's losses; a step rerun on the way whose loss differs says the
     replay left the run's path (`Localization.drift`). Out of memory in the full trace,
-    it replays once more with a lighter one.
+    it replays once more with a lighter one; out of memory again, it says in which stage
+    (`Localization.out_of_memory`).
     """
     started = time.perf_counter()
     try:
-        here = store.capture_now(-1)
-        grads = Gradients.keep(objects)  # NB: a snapshot has none; the loop left some
-    except MEMORY_ERRORS:
-        return Localization(step, None, note=NO_MEMORY_TO_REPLAY)
+        with _stage("saving the run's state to replay from"):
+            here = store.capture_now(-1)
+            grads = Gradients.keep(objects)  # NB: a snapshot has none; the loop left some
+    except _RanOut as e:
+        return Localization(step, None, out_of_memory=e.stage, reached=False)
     try:
         located = _full_or_light(objects, store, step, steps, started, loss_scale, here, recorded)
     except LookupError as e:
         located = Localization(step, None, note=f"could not rewind: {e}")
-    except (*MEMORY_ERRORS, UserCodeError) as e:
-        located = Localization(step, None, note=_failed(step, e))
+    except _RanOut as e:
+        located = Localization(step, None, out_of_memory=e.stage, reached=False)
+    except UserCodeError as e:
+        located = Localization(step, None, note=f"the replay of step {step} failed: {e.message}")
     try:
-        here.restore(objects)
-        grads.restore()
-    except MEMORY_ERRORS:
+        with _stage("restoring the run's state after the replay"):
+            here.restore(objects)
+            grads.restore()
+    except _RanOut:
         _free_memory(objects)
         located.note = NO_MEMORY_TO_RESTORE
     return located
@@ -157,26 +162,39 @@ def _full_or_light(
     """The full trace; out of memory, once more from where it started with a lighter one."""
     try:
         return _replay(objects, store, step, steps, started, loss_scale, recorded)
-    except (*MEMORY_ERRORS, UserCodeError) as e:
-        if not _out_of_memory(e):
-            raise
-    here.restore(objects)
+    except _RanOut as e:
+        full = e.stage
+    with _stage(f"rewinding to step {step}"):
+        here.restore(objects)
     _free_memory(objects)
-    located = _replay(objects, store, step, steps, started, loss_scale, recorded, light=True)
+    try:
+        located = _replay(objects, store, step, steps, started, loss_scale, recorded, light=True)
+    except _RanOut as e:
+        both = e.stage == full.replace("full", "lighter", 1)  # NB: the trace, each time
+        raise _RanOut(f"{full} and again in the lighter one" if both else e.stage) from e
     located.note = LIGHTER_NOTE
     return located
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    """Out of memory, raised by the tracer or inside the user's code (which wraps it)."""
-    return out_of_memory(e.error if isinstance(e, UserCodeError) else e)
+class _RanOut(Exception):
+    """Out of memory in a stage of the replay (what the stage was doing, in words)."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(stage)
+        self.stage = stage
 
 
-def _failed(step: int, e: BaseException) -> str:
-    if _out_of_memory(e):
-        return "out of memory even in the lighter trace"
-    message = e.message if isinstance(e, UserCodeError) else str(e)
-    return f"the replay of step {step} failed: {message}"
+@contextlib.contextmanager
+def _stage(stage: str) -> Iterator[None]:
+    """Out of memory inside: `_RanOut(stage)`, raised by the tracer or inside the user's
+    code (which wraps it: a `UserCodeError`), on the GPU or the CPU (whose allocator
+    raises a plain RuntimeError)."""
+    try:
+        yield
+    except Exception as e:
+        if not out_of_memory(e.error if isinstance(e, UserCodeError) else e):
+            raise
+        raise _RanOut(stage) from e
 
 
 def _free_memory(objects: TrainingObjects) -> None:
@@ -194,18 +212,21 @@ def _replay(
     recorded: Recorded | None,
     light: bool = False,
 ) -> Localization:
-    kept = store.rewind_for_replay(step)
+    with _stage(f"rewinding to step {step}"):
+        kept = store.rewind_for_replay(step)
     updates, drift = _rerun(objects, steps, kept[:-1], recorded)
     if updates.latest is None and store.reaches_further_back(kept[0][0], step - 1):
         # NB: no step since the newest snapshot moved the weights (a streak of scaler
         # skips): the last update that did lies further back
-        kept = store.rewind_for_replay(step, earliest=True)
+        with _stage(f"rewinding to step {step}"):
+            kept = store.rewind_for_replay(step, earliest=True)
         updates, drift = _rerun(objects, steps, kept[:-1], recorded)
     note = set_loss_scale(objects, loss_scale)
-    tracer = Tracer(objects, light=light)
-    with tracer:
-        steps.run(step, kept[-1][1], tracer)
-    located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
+    with _stage(f"in the {'lighter' if light else 'full'} trace of step {step}"):
+        tracer = Tracer(objects, light=light)
+        with tracer:
+            steps.run(step, kept[-1][1], tracer)
+        located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
     located.drift = drift
     return located
 
@@ -221,9 +242,10 @@ def _rerun(
     updates, drift = UpdateTracker(objects), None
     for s, batch in kept:
         losses = _Losses() if recorded is not None and drift is None else None
-        updates.before()
-        steps.run(s, batch, losses)
-        updates.after(s)
+        with _stage(f"rerunning steps {kept[0][0]} to {kept[-1][0]} on the way"):
+            updates.before()
+            steps.run(s, batch, losses)
+            updates.after(s)
         if losses is not None and recorded is not None:
             drift = _drift(s, recorded.get(s), losses.value)
     return updates, drift
@@ -297,7 +319,6 @@ def localization_of(
 
 
 __all__ = [
-    "MEMORY_ERRORS",
     "Localization",
     "Replay",
     "localization_of",

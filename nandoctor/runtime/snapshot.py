@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from nandoctor.errors import out_of_memory
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer, stepped_ids
-from nandoctor.runtime.tensors import MEMORY_ERRORS, host_copy, iter_tensors, local, tensor_bytes
+from nandoctor.runtime.tensors import host_copy, iter_tensors, local, tensor_bytes
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 32  # ...at least this many (a copy of a small model's state costs about
@@ -333,7 +334,9 @@ class SnapshotStore:
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
                 self._capture(step, grads)
                 self._forget_old_batches()  # NB: only a capture (or unpin) makes batches old
-        except MEMORY_ERRORS:
+        except Exception as e:  # NB: not only OutOfMemoryError: the CPU's is a RuntimeError
+            if not out_of_memory(e):
+                raise
             self._give_up()
 
     def _copy(self, batch: Any) -> Any:

@@ -27,6 +27,7 @@ from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import to_device
 from nandoctor.setup.data import MicroBatches
+from nandoctor.setup.scaler import check_master_weights
 from nandoctor.setup.session import Session
 
 
@@ -75,10 +76,29 @@ def _backward(session: Session, ctx: StepContext, *, last: bool) -> None:
         return
     ctx.grad_scale = None
     if scaler is not None:
-        scaler.unscale_(session.optimizer)
+        try:
+            scaler.unscale_(session.optimizer)
+        except ValueError:  # NB: float16 weights, made so after the check before the run
+            check_master_weights(session.config.precision, session.optimizer, session.model)
+            raise
     max_norm = session.config.clip_grad_norm
     if max_norm is not None:
+        _refuse_sparse_gradients(session)
         ctx.grad_norm = torch.nn.utils.clip_grad_norm_(session.params, max_norm)
+
+
+def _refuse_sparse_gradients(session: Session) -> None:
+    """`clip_grad_norm_` cannot take a norm of sparse gradients (torch's NotImplementedError
+    for 'SparseCPU'): say which, and what to do."""
+    sparse = [p for p in session.params if p.grad is not None and p.grad.is_sparse]
+    if sparse:
+        names = {id(p): n for n, p in session.model.named_parameters()}
+        raise ConfigError(
+            f"clip_grad_norm: torch.nn.utils.clip_grad_norm_ cannot clip sparse gradients "
+            f"({', '.join(names.get(id(p), '?') for p in sparse[:3])}: an "
+            "nn.Embedding(sparse=True)?); set clip_grad_norm: null, or make them dense "
+            "(sparse=False)"
+        )
 
 
 def _optimizer_step(session: Session, ctx: StepContext) -> None:
@@ -117,6 +137,9 @@ def _checked_loss(loss: Any, batch: Any) -> torch.Tensor:
         )
     if not loss.requires_grad:
         raise ConfigError("loss: the returned tensor does not require grad (is it detached?)")
+    if loss.is_complex() or loss.is_meta:  # NB: no real value to judge or backpropagate
+        what = "a complex" if loss.is_complex() else "a meta-device (valueless)"
+        raise ConfigError(f"loss: returned {what} tensor, expected a real scalar with a value")
     return loss if loss.dim() == 0 else loss.reshape(())  # NB: no view (and no node) to add
 
 

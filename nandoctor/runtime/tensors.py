@@ -15,10 +15,6 @@ from typing import Any
 
 import torch
 
-# Out of memory, on any device. NB: torch.OutOfMemoryError is torch >= 2.5's name;
-# torch.cuda's is the older alias (pyproject allows torch 2.4)
-MEMORY_ERRORS = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), MemoryError)
-
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     """Every tensor inside a batch or a model output, in order (see `named_tensors`).

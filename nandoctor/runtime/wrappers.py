@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
+from nandoctor.setup.scaler import explain_float16_unscale
+
 
 class Listener(Protocol):
     """What a registered listener is told; each call is cheap and host-side only."""
@@ -187,7 +189,11 @@ def _wrap_scaler_step(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_unscale(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def unscale_(self: torch.amp.GradScaler, optimizer: Any) -> Any:
-        out = original(self, optimizer)
+        try:
+            out = original(self, optimizer)
+        except ValueError as e:  # NB: float16 weights: the user's error, with the way out
+            explain_float16_unscale(e)
+            raise
         _each("unscaled")
         return out
 

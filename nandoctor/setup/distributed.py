@@ -21,6 +21,7 @@ import inspect
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -237,20 +238,24 @@ def launch(argv: list[str], nproc_per_node: int) -> dict[int, int]:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, torch.get_num_threads() // nproc_per_node)))
 
-    args = get_args_parser().parse_args(
-        [
-            "--standalone",
-            f"--nproc-per-node={nproc_per_node}",
-            "--max-restarts=0",
-            "-m",
-            "nandoctor",
-            *argv,
-        ]
-    )
-    try:
-        run(args)
-    except ChildFailedError as e:
-        return {rank: f.exitcode for rank, f in e.failures.items()}
+    # NB: torchrun's own log folder (torchelastic_*, with each rank's error file) would be
+    # made in the temporary directory and left there; ours goes on every ending but SIGKILL
+    with tempfile.TemporaryDirectory(prefix="nandoctor-ranks-") as logs:
+        args = get_args_parser().parse_args(
+            [
+                "--standalone",
+                f"--nproc-per-node={nproc_per_node}",
+                "--max-restarts=0",
+                f"--log-dir={logs}",
+                "-m",
+                "nandoctor",
+                *argv,
+            ]
+        )
+        try:
+            run(args)
+        except ChildFailedError as e:
+            return {rank: f.exitcode for rank, f in e.failures.items()}
     return {}
 
 

@@ -3,8 +3,9 @@
     configs/run.yaml:7: precision.dtype: unknown dtype 'float8': expected one of float16, ...
     configs/run.yaml:3: unknown key 'optimiser'; did you mean 'optimizer'?
 
-The YAML is parsed twice with the safe loader: once into nodes, to know the line of every
-key, and once into plain data for pydantic.
+The YAML is parsed once with the safe loader (libyaml's, where PyYAML has it) into nodes,
+which give the line of every key and are checked (depth, aliases, duplicate keys) before
+they are built into plain data for pydantic.
 """
 
 from __future__ import annotations
@@ -88,18 +89,21 @@ def load_config(path: str | Path) -> LoadedConfig:
     return LoadedConfig(config, path, lines)
 
 
-MAX_CONFIG_BYTES = 1 << 20  # a config is a page of keys: a larger file is not one
+# NB: a config may carry data (260,000 per-sample weights exported into `data_args`):
+# legal, so the limit is what no config needs, and stops a device that never ends
+MAX_CONFIG_BYTES = 64 << 20
 
 
 class FileTooLarge(ValueError):
-    """`2097155 bytes, more than the limit of 1048576`; `more than the limit of 1048576
-    bytes` where the file has no size (a device, a pipe)."""
+    """`70000000 bytes, more than the limit of 67108864 (64 MiB)`; `more than the limit of
+    67108864 bytes (64 MiB)` where the file has no size (a device, a pipe)."""
 
     def __init__(self, size: int | None, limit: int) -> None:
+        mib = f" ({limit >> 20} MiB)" if limit >= 1 << 20 and limit % (1 << 20) == 0 else ""
         super().__init__(
-            f"{size} bytes, more than the limit of {limit}"
+            f"{size} bytes, more than the limit of {limit}{mib}"
             if size is not None
-            else f"more than the limit of {limit} bytes"
+            else f"more than the limit of {limit} bytes{mib}"
         )
 
 
@@ -116,66 +120,94 @@ def read_at_most(path: Path, limit: int) -> str:
 
 
 MAX_DEPTH = 64  # nesting of mappings and lists, aliases expanded
-MAX_NODES = 100_000  # values in the config with every alias expanded (an alias bomb: 10^9)
+# Values aliases may add to those written out: an alias bomb ("billion laughs") expands
+# a few lines into 10^9 values; written-out values are bounded by the file's size
+MAX_ALIASED = 100_000
+
+# NB: libyaml's reader where PyYAML was built with it (it nearly always is): the pure
+# Python one reads ~0.3 MiB a second, 10x slower; both are safe loaders
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[Loc, int]]:
+    """The file's data and the line of each key. NB: parsed once into nodes, checked
+    (depth, aliases, duplicate keys) and only then built into data, from those nodes."""
     try:
-        _check_limits(path, text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        if root is not None:
-            _check_expanded(path, root)
-        data = yaml.safe_load(text)
+        _check_depth(path, text)
+        root = yaml.compose(text, Loader=_LOADER)
+        if root is None:
+            return None, {}
+        _check_expanded(path, root)
+        lines: dict[Loc, int] = {}
+        _index_lines(path, root, (), lines)
+        data = yaml.constructor.SafeConstructor().construct_document(root)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if "exceeded maximum nesting depth" in problem:  # NB: libyaml's own limit, 1000
+            line = f"{path}:{mark.line + 1}" if mark else str(path)
+            raise ConfigError(f"{line}: nested more than {MAX_DEPTH} levels deep") from None
         raise ConfigError(f"{where}: the YAML does not parse: {problem}") from None
-    lines: dict[Loc, int] = {}
-    if root is not None:
-        _index_lines(path, root, (), lines)
     return data, lines
 
 
-def _check_limits(path: Path, text: str) -> None:
+_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+def _check_depth(path: Path, text: str) -> None:
     """Refuse, before building anything, a file nested too deeply (the parser itself
     recurses once per level; a file too large was refused as it was read)."""
     depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, _OPENS):
             depth += 1
             if depth > MAX_DEPTH:
                 line = event.start_mark.line + 1
                 raise ConfigError(f"{path}:{line}: nested more than {MAX_DEPTH} levels deep")
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+        elif isinstance(event, _CLOSES):
             depth -= 1
 
 
 def _check_expanded(path: Path, root: yaml.Node) -> None:
     """Refuse aliases that expand into a huge or endless config (a "billion laughs" file,
-    an alias inside its own anchor): counted on the node graph, nothing expanded."""
+    an alias inside its own anchor): counted on the node graph, nothing expanded. What is
+    written out is bounded by the file's size; what aliases add to it, by `MAX_ALIASED`.
+    NB: a list of 260,000 numbers is 260,000 scalars: they are counted, not walked."""
     sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values, levels) below it
     open_: set[int] = set()
+    written = 1  # the values in the file, an alias counted as one
 
     def walk(node: yaml.Node, depth: int) -> tuple[int, int]:
+        nonlocal written
         key = id(node)
         if key in open_:
             raise ConfigError(f"{path}:{node.start_mark.line + 1}: an alias refers to itself")
         if key not in sizes:
             open_.add(key)
             children = _children(node)
-            below = [walk(c, depth + 1) for c in children]
+            nested = [c for c in children if not isinstance(c, yaml.ScalarNode)]
+            below = [walk(c, depth + 1) for c in nested]
             open_.discard(key)
-            sizes[key] = (1 + sum(n for n, _ in below), 1 + max((h for _, h in below), default=0))
+            written += len(children)
+            count = 1 + len(children) - len(nested) + sum(n for n, _ in below)
+            sizes[key] = (count, 1 + max((h for _, h in below), default=int(bool(children))))
         count, height = sizes[key]
-        if depth + height > MAX_DEPTH or count > MAX_NODES:
-            raise ConfigError(
-                f"{path}: its aliases expand to more than {MAX_NODES} values or "
-                f"{MAX_DEPTH} levels; write the values out instead"
-            )
+        if depth + height > MAX_DEPTH:
+            raise _aliases_expand(path)
         return count, height
 
-    walk(root, 0)
+    expanded, _ = walk(root, 0)
+    if expanded - written > MAX_ALIASED:
+        raise _aliases_expand(path)
+
+
+def _aliases_expand(path: Path) -> ConfigError:
+    return ConfigError(
+        f"{path}: its aliases expand to more than {MAX_ALIASED} values beyond those "
+        f"written out, or {MAX_DEPTH} levels; write the values out instead"
+    )
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -205,7 +237,8 @@ def _index_lines(path: Path, node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -
         for i, item in enumerate(node.value):
             where = (*loc, i)
             lines[where] = item.start_mark.line + 1
-            _index_lines(path, item, where, lines)
+            if not isinstance(item, yaml.ScalarNode):  # NB: 260,000 numbers are no mappings
+                _index_lines(path, item, where, lines)
 
 
 def format_validation_error(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import itertools
 import math
 import random
 import re
@@ -32,6 +33,7 @@ from nandoctor.setup.distributed import Ranks
 from nandoctor.setup.dtypes import torch_dtype
 from nandoctor.setup.entrypoints import add_python_path, resolve
 from nandoctor.setup.load import LoadedConfig
+from nandoctor.setup.scaler import build_scaler
 from nandoctor.setup.schema import Config, FactorySpec
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -169,7 +171,7 @@ def _build_session(loaded: LoadedConfig) -> Session:
         fsdp.shard(model, config.distributed, cast(Ranks, ranks))
     optimizer = build_optimizer(config.optimizer, model, base)
     scheduler = build_scheduler(config.scheduler, optimizer, base) if config.scheduler else None
-    scaler = _build_scaler(config, device)
+    scaler = build_scaler(config.precision, device, optimizer, model)
     if state is not None:
         if sharded and state.optimizer is not None:  # whole tensors: cut this rank's shards
             state = replace(state, optimizer=fsdp.shard_optimizer_state(optimizer, state.optimizer))
@@ -272,7 +274,20 @@ def _build_model(config: Config, base: Path) -> torch.nn.Module:
         )
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"model: {config.model} built a model with no trainable parameters")
+    meta = [
+        n for n, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta
+    ]
+    if meta:  # NB: .to(device) of a meta tensor raises torch's NotImplementedError
+        raise ConfigError(
+            f"model: {config.model} built a model whose weights are on the meta device, with "
+            f"no values ({_names(meta)}): build it on a real device, or materialise it in the "
+            "builder (model.to_empty(device=...), then initialise or load its weights)"
+        )
     return model
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
 
 
 def build_optimizer(spec: FactorySpec, model: torch.nn.Module, base: Path) -> torch.optim.Optimizer:
@@ -394,9 +409,3 @@ def _suggest(name: str | None, namespace: Any, base_class: type) -> str:
 
 def _kwargs_text(kwargs: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-
-
-def _build_scaler(config: Config, device: torch.device) -> torch.amp.GradScaler | None:
-    if not config.precision.use_grad_scaler:
-        return None
-    return torch.amp.GradScaler(device.type, init_scale=config.precision.init_scale)

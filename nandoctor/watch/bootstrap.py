@@ -39,6 +39,9 @@ def _note_a_raise(folder: str, pid: int) -> None:
     if os.getpid() != pid or error is None or isinstance(error, KeyboardInterrupt):
         return  # NB: a forked child inherits the handler, not the exception
     text = f"{type(error).__name__}: {error}".strip().splitlines()[0][:200]
+    ours = [n for n in getattr(error, "__notes__", ()) if str(n).startswith("nandoctor: ")]
+    if ours:  # NB: the way out nandoctor added to a library's error (a GradScaler's)
+        text += f" ({str(ours[0]).removeprefix('nandoctor: ')[:600]})"
     with contextlib.suppress(OSError):
         raised_marker(folder, pid).write_text(text, encoding="utf-8")
 
