@@ -37,7 +37,7 @@ def case(
     op, phase="forward", value="nan", inputs=(), producers=(), trends=CALM, facts=FACTS, **evidence
 ):
     first = FirstNonfinite(
-        10, phase, "block.fc", op, "output", value, "float16", [4, 8], 3, "m.py:3", True
+        10, phase, "block.fc", op, "output", value, "float16", [4, 8], 3, "m.py:3", "exact"
     )
     output = stats("output", nan=3 if value == "nan" else 0)
     return Case(
@@ -659,13 +659,36 @@ def test_a_collapse_is_told_in_the_telemetrys_numbers():
 
 
 def test_an_unreproduced_failure_has_no_none_in_its_sentences():
-    first = FirstNonfinite(10, "input", reproduced=False)
+    first = FirstNonfinite(10, "input", reproduced="not-reproduced")
     c = Case(first, Evidence(), CALM, FACTS)
     (sentence,) = rank(c)[0].evidence
     assert sentence == "the batch of step 10 held non-finite values before any op ran"
-    first = FirstNonfinite(10, "parameters", reproduced=False)
+    first = FirstNonfinite(10, "parameters", reproduced="not-reproduced")
     (sentence,) = rank(Case(first, Evidence(), CALM, FACTS))[0].evidence
     assert sentence == "the parameters held non-finite values before step 10 began"
+    for cause in [*rank(c), *rank(Case(first, Evidence(), CALM, FACTS))]:
+        assert "None" not in " ".join(cause.evidence), cause
+
+
+# -- a failure the replay did not meet again ---------------------------------------------------
+def test_a_failure_its_replay_did_not_meet_is_a_transient_fault():
+    first = FirstNonfinite(10, "loss", reproduced="not-reproduced")
+    (top, *_) = rank(Case(first, Evidence(), CALM, FACTS))
+    assert top.id == "transient-fault"
+    assert top.evidence == [
+        "the replay of step 10, from the same weights, batch and random state, met no "
+        "non-finite value: the failure did not reproduce"
+    ]
+    assert "nvidia-smi -q -d ECC" in top.fix and "use_deterministic_algorithms" in top.fix
+    for word in ("exact", "values-differ", None):
+        replayed = FirstNonfinite(10, "loss", reproduced=word)
+        assert "transient-fault" not in ids(Case(replayed, Evidence(), CALM, FACTS))
+
+
+def test_weights_broken_only_in_the_run_rank_below_the_weights_themselves():
+    first = FirstNonfinite(10, "parameters", tensor="param:fc.weight", reproduced="not-reproduced")
+    ranked = ids(Case(first, Evidence(), CALM, FACTS))
+    assert ranked[:2] == ["nonfinite-parameters", "transient-fault"]
 
 
 def test_counts_agree_with_their_nouns():
