@@ -140,11 +140,12 @@ def _guards(case: Case) -> Iterator[tuple[Producer, TensorStats]]:
 def _hit(case: Case, p: Producer, c: Constant, fed: TensorStats, dtype: str | None) -> Hit:
     held = _HELD.get(str(dtype), "1e-5")
     verb = _VERB.get(op_base(p.op), "floored at")
-    if c.value == 0:
-        below = ROUNDS_TO_ZERO[str(dtype)]
-        what = f"{c.words()}, which holds 0 in {dtype} (an epsilon below ~{below:.1g} is 0 there)"
+    if c.value == 0:  # NB: any dtype: an epsilon of 0 guards nothing (float64's too)
+        below = ROUNDS_TO_ZERO.get(str(dtype))
+        why = f" (an epsilon below ~{below:.1g} is 0 there)" if below else ""
+        what = f"{c.words()}, which holds 0 in {dtype}{why}"
         at_line = f"{c.words()} holds 0 there"
-    else:
+    else:  # NB: `rounds_to_zero` held: the dtype is one of SMALLEST's
         smallest = SMALLEST[str(dtype)]
         what = f"{c.words()}, which is 0 in {dtype} (smallest value ~{smallest:.2g})"
         at_line = f"{c.words()} is 0 there"
