@@ -34,6 +34,7 @@ SPEC_IDS = (
     "clip-before-unscale",
     "fp16-without-grad-scaler",
     "float32-overflow",  # added after SPEC.md's table, as its rule allows
+    "transient-fault",
 )
 
 

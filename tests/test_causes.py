@@ -65,6 +65,7 @@ def test_ranking_ties_keep_the_order_rules_have_always_run_in():
         "fully-masked-softmax",
         "float32-overflow",
         "clip-before-unscale",  # new rules go last: the older ties keep their order
+        "transient-fault",
     ]
 
 

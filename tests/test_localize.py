@@ -229,7 +229,7 @@ def test_input_nan_at_step_k(project, models):
         "float32",
         [8, 8],
     )
-    assert first.reproduced is True
+    assert first.reproduced == "exact"
 
 
 def test_a_named_linear_overflowing_float16_in_forward(project, models):
@@ -311,7 +311,8 @@ def test_a_checkpoint_with_a_nan_parameter(project, models, tmp_path):
 def test_a_nondeterministic_failure_is_reported_as_not_reproduced(project, models):
     report = report_of(project, model="models.py:Flaky")
     first = report.first_nonfinite
-    assert (first.step, first.phase, first.reproduced) == (2, "loss", False)  # the sentinel's phase
+    # the run's phase, and a replay that met nothing
+    assert (first.step, first.phase, first.reproduced) == (2, "loss", "not-reproduced")
     assert first.op is None
     assert any("nondeterministic or transient" in note for note in report.notes)
 
@@ -327,7 +328,7 @@ def test_the_tracer_leaves_no_hook_mode_or_changed_weight(project, models):
     rng = torch.get_rng_state()
     apply = torch.autograd.Function.__dict__["apply"]
 
-    assert localize(session, store, 2, SessionSteps(session)).reproduced
+    assert localize(session, store, 2, SessionSteps(session)).found
 
     for k, v in session.model.state_dict().items():  # NaN after the bad step: equal_nan
         torch.testing.assert_close(v, weights[k], rtol=0, atol=0, equal_nan=True)
@@ -352,7 +353,8 @@ def test_running_out_of_memory_in_the_full_trace_falls_back_to_a_lighter_one(pro
 
     monkeypatch.setattr(localize_module, "Tracer", Hungry)
     report = report_of(project, data_args={"nan_at": 2})
-    assert report.first_nonfinite.reproduced and report.first_nonfinite.tensor == "input:0"
+    assert report.first_nonfinite.reproduced == "exact"
+    assert report.first_nonfinite.tensor == "input:0"
     assert any("lighter one" in note for note in report.notes)
 
 
@@ -377,7 +379,7 @@ def test_running_out_of_memory_inside_the_users_loss_falls_back_too(project, mod
         0,
         "loss",
         "aten.log.default",
-        True,
+        "exact",
     )
     assert any("lighter one" in note for note in report.notes)
 
@@ -478,7 +480,7 @@ def test_an_op_inside_a_library_shows_the_library_line_and_the_users(project, mo
 def test_a_replay_where_every_nonfinite_value_healed_blames_none_of_them(project, models):
     report = report_of(project, model="models.py:FlakyBucketed")
     first = report.first_nonfinite
-    assert (first.step, first.reproduced, first.op) == (2, False, None)
+    assert (first.step, first.reproduced, first.op) == (2, "not-reproduced", None)
     assert [(t.op, t.module) for t in report.transients] == [("aten.log.default", "")]
     assert any("saw no non-finite value reach the loss" in note for note in report.notes)
 

@@ -79,6 +79,32 @@ def test_an_epsilon_float16_rounds_to_zero_is_raised():
     assert patch.hits == 3
 
 
+def test_an_epsilon_given_as_a_tensor_is_raised_too():
+    """A float32 buffer in a float16 sum, a floor of one element, a fill, a `where`."""
+    x = torch.zeros(2, 4, dtype=torch.float16)
+    n = x.norm(dim=-1, keepdim=True)
+    eps = torch.tensor(1e-8)  # a buffer's: float32, one element, no grad
+    with EpsilonPatch() as patch:
+        outs = [
+            x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps),
+            x / torch.maximum(n, eps),
+            x / torch.max(n, torch.full_like(n, 1e-8)),
+            x / torch.where(n > 1e-8, n, 1e-8),
+            x / n.clamp_min(eps),
+        ]
+    assert all(bool(torch.isfinite(y).all()) for y in outs) and patch.hits == 5
+
+
+def test_a_weight_or_a_reduction_is_no_epsilon():
+    x = torch.zeros(4, dtype=torch.float16)
+    scale = torch.tensor(1e-8, requires_grad=True)  # a learnable scale, not a constant
+    with EpsilonPatch() as patch:
+        x + scale
+        torch.max(x, 0)  # a reduction over a dim
+        torch.full_like(x, 0.0)
+    assert patch.hits == 0
+
+
 def test_an_epsilon_the_dtype_holds_is_left_alone():
     with EpsilonPatch() as patch:
         torch.zeros(4) + 1e-8  # float32 holds 1e-8

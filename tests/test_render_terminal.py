@@ -54,7 +54,7 @@ def failing_report(tmp_path) -> Report:
             [4, 10],
             3,
             f"{tmp_path / 'train.py'}:4",
-            True,
+            "exact",
         ),
         events=[
             Event(1, "scaler-skip", 65536.0, reason="overflow"),
@@ -207,10 +207,19 @@ def test_the_library_lines_and_the_healed_values_are_shown(tmp_path):
 
 def test_healed_values_are_shown_when_the_failure_was_not_reproduced(tmp_path):
     report = with_library_frames_and_transients(failing_report(tmp_path))
-    report.first_nonfinite = FirstNonfinite(3, "loss", reproduced=False)
+    report.first_nonfinite = FirstNonfinite(3, "loss", reproduced="not-reproduced")
     text = render(report)
     assert "aten.log.default in enc.0 at train.py:3 (forward, -inf)" in text
     assert "op      " not in text
+
+
+def test_a_replay_that_met_the_failure_with_other_values_says_so_by_the_origin(tmp_path):
+    report = failing_report(tmp_path)
+    assert "replay  " not in render(report)  # exact: nothing to say
+    report.first_nonfinite = dataclasses.replace(report.first_nonfinite, reproduced="values-differ")
+    text = render(report)
+    assert "op      aten.log.default" in text
+    assert "replay  reproduced, with other values than the run's (nondeterministic)" in text
 
 
 def test_the_progress_bar_shows_the_time_left():

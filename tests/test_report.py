@@ -36,3 +36,11 @@ def test_round_trip():
     report = sample()
     again = Report.from_dict(json.loads(report.to_json()))
     assert again.to_dict() == report.to_dict()
+
+
+def test_a_report_written_when_reproduced_was_a_boolean_reads_as_a_word():
+    data = json.loads(sample().to_json())
+    for old, word in ((True, "exact"), (False, "not-reproduced"), (None, None)):
+        data["first_nonfinite"]["reproduced"] = old
+        assert Report.from_dict(data).first_nonfinite.reproduced == word
+    assert data["first_nonfinite"]["reproduced"] is None  # the caller's data is left as it was

@@ -37,7 +37,7 @@ def case(
     op, phase="forward", value="nan", inputs=(), producers=(), trends=CALM, facts=FACTS, **evidence
 ):
     first = FirstNonfinite(
-        10, phase, "block.fc", op, "output", value, "float16", [4, 8], 3, "m.py:3", True
+        10, phase, "block.fc", op, "output", value, "float16", [4, 8], 3, "m.py:3", "exact"
     )
     output = stats("output", nan=3 if value == "nan" else 0)
     return Case(
@@ -613,6 +613,35 @@ def test_an_epsilon_is_judged_in_the_dtype_it_was_added_in():
     assert top.id == "eps-underflow" and "which is 0 in float32" in top.evidence[0]
 
 
+def test_a_zero_buffer_is_an_epsilon_only_when_named_as_one():
+    """A float16 model's buffer holds the 0 its dtype made of 1e-8: named `eps`, it is the
+    epsilon that was lost; a zero buffer named otherwise is data, not an epsilon."""
+    inputs = [stats(), stats("other", zeros=4)]
+
+    def made(given):
+        return [producer("aten.add.Tensor", feeds="other", scalars=[f"other=0 ({given})"])]
+
+    top = rank(case("aten.div.Tensor", inputs=inputs, producers=made("buffer norm.eps")))[0]
+    assert top.id == "eps-underflow" and "the buffer norm.eps, which holds 0" in top.evidence[0]
+    for given in ("buffer norm.offset", "a float16 tensor"):
+        other = case("aten.div.Tensor", inputs=inputs, producers=made(given))
+        assert "eps-underflow" not in ids(other)
+
+
+def test_an_epsilon_guards_the_zeros_only_on_their_way():
+    """The producers list each depth-2 op after the depth-1 op it made an input of: an
+    epsilon two ops back on the numerator's way did not guard the denominator's zeros."""
+    inputs = [stats(zeros=4), stats("other", zeros=4)]
+    numerator = [
+        producer("aten.mul.Tensor", feeds="self"),
+        producer("aten.add.Tensor", depth=2, scalars=["other=1e-08"]),
+        producer("aten.linalg_vector_norm.default", feeds="other"),
+    ]
+    assert "eps-underflow" not in ids(case("aten.div.Tensor", inputs=inputs, producers=numerator))
+    denominator = [numerator[0], numerator[2], numerator[1]]  # now under the norm
+    assert ids(case("aten.div.Tensor", inputs=inputs, producers=denominator))[0] == "eps-underflow"
+
+
 # -- sentences that quote what was seen -----------------------------------------------------
 def test_a_collapse_is_told_in_the_telemetrys_numbers():
     trends = replace(CALM, final_streak=14, final_streak_start=3, final_scales=(65536.0, 8.0))
@@ -630,13 +659,36 @@ def test_a_collapse_is_told_in_the_telemetrys_numbers():
 
 
 def test_an_unreproduced_failure_has_no_none_in_its_sentences():
-    first = FirstNonfinite(10, "input", reproduced=False)
+    first = FirstNonfinite(10, "input", reproduced="not-reproduced")
     c = Case(first, Evidence(), CALM, FACTS)
     (sentence,) = rank(c)[0].evidence
     assert sentence == "the batch of step 10 held non-finite values before any op ran"
-    first = FirstNonfinite(10, "parameters", reproduced=False)
+    first = FirstNonfinite(10, "parameters", reproduced="not-reproduced")
     (sentence,) = rank(Case(first, Evidence(), CALM, FACTS))[0].evidence
     assert sentence == "the parameters held non-finite values before step 10 began"
+    for cause in [*rank(c), *rank(Case(first, Evidence(), CALM, FACTS))]:
+        assert "None" not in " ".join(cause.evidence), cause
+
+
+# -- a failure the replay did not meet again ---------------------------------------------------
+def test_a_failure_its_replay_did_not_meet_is_a_transient_fault():
+    first = FirstNonfinite(10, "loss", reproduced="not-reproduced")
+    (top, *_) = rank(Case(first, Evidence(), CALM, FACTS))
+    assert top.id == "transient-fault"
+    assert top.evidence == [
+        "the replay of step 10, from the same weights, batch and random state, met no "
+        "non-finite value: the failure did not reproduce"
+    ]
+    assert "nvidia-smi -q -d ECC" in top.fix and "use_deterministic_algorithms" in top.fix
+    for word in ("exact", "values-differ", None):
+        replayed = FirstNonfinite(10, "loss", reproduced=word)
+        assert "transient-fault" not in ids(Case(replayed, Evidence(), CALM, FACTS))
+
+
+def test_weights_broken_only_in_the_run_rank_below_the_weights_themselves():
+    first = FirstNonfinite(10, "parameters", tensor="param:fc.weight", reproduced="not-reproduced")
+    ranked = ids(Case(first, Evidence(), CALM, FACTS))
+    assert ranked[:2] == ["nonfinite-parameters", "transient-fault"]
 
 
 def test_counts_agree_with_their_nouns():

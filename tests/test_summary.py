@@ -17,7 +17,17 @@ def verdict(phase: Phase) -> Verdict:
 
 def test_a_replay_that_saw_nothing_calls_the_failure_transient():
     (note,) = replay_notes(Localization(4, None), verdict(Phase.LOSS))
-    assert note.endswith("saw no non-finite value: the failure is nondeterministic or transient")
+    assert note.startswith(
+        "the instrumented replay of step 4 saw no non-finite value: the failure did not "
+        "reproduce (reproduced: not-reproduced), so it is nondeterministic or transient: a "
+        "race, a fault of the hardware, or state the replay does not rewind"
+    )
+
+
+def test_a_replay_that_could_not_run_says_why_not_that_the_failure_is_transient():
+    located = Localization(4, None, note="could not rewind: no snapshot", failed=True)
+    (note,) = replay_notes(located, verdict(Phase.LOSS))
+    assert note == "the instrumented replay of step 4 could not run: could not rewind: no snapshot"
 
 
 def test_a_replay_that_never_reached_the_step_says_so_not_transient():

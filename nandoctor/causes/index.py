@@ -31,6 +31,7 @@ from nandoctor.causes import (
     nondifferentiable_point,
     nonfinite_input,
     nonfinite_parameters,
+    transient_fault,
 )
 from nandoctor.causes.unit import CauseInfo, CauseUnit, FixPlan, Rule
 from nandoctor.registry import Registry
@@ -58,6 +59,8 @@ CAUSES: tuple[CauseUnit, ...] = (
     float32_overflow.CAUSE,
     # the order of the calls: lint in the source, the hooks of a loop they follow
     clip_before_unscale.CAUSE,
+    # named by the replay alone: the step, run again from the same state, did not fail
+    transient_fault.CAUSE,
     # found by lint only
     fp16_without_grad_scaler.CAUSE,
 )

@@ -70,8 +70,9 @@ def values(n: int | None, value: str | None) -> str:
 
 
 def number_in(scalar: str) -> float:
-    """The number of a scalar argument as the tracer wrote it: "other=1e-08" -> 1e-08."""
+    """The number of a scalar argument as the tracer wrote it: "other=1e-08" -> 1e-08, and
+    of a constant tensor it gave an op: "other=1e-08 (buffer norm.eps)" -> 1e-08."""
     try:
-        return float(scalar.split("=", 1)[-1])
+        return float(scalar.split("=", 1)[-1].split(" ", 1)[0])
     except ValueError:
         return 0.0

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from nandoctor.diagnose.summary import dead_gradients_note, replay_notes, summarize
 from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
+from nandoctor.localize.reproduction import Reproduction, reproduction
 from nandoctor.localize.tracer import Finding
 from nandoctor.report.divergence import divergence_events, merge_events
 from nandoctor.report.evidence import Evidence
@@ -104,21 +105,27 @@ def status_of(result: RunResult, interrupted: bool = False, command_code: int | 
 
 
 def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNonfinite | None:
-    """Where the sentinel saw the failure, made precise by the replay's finding."""
+    """Where the sentinel saw the failure, made precise by the replay's finding, and
+    whether the replay reproduced it (`reproduction`: exact, values-differ,
+    not-reproduced; None where nothing was replayed, as in Guard's `with` form)."""
     failure = result.failure
     if failure is None or failure.step is None or failure.phase is None:
         return None
+    replayed = reproduction_of(result, located)
+    reproduced = replayed.word if replayed is not None else None
     found = located.finding if located is not None else None
     if found is None:
-        # NB: False: a replay ran and saw nothing; None: nothing was replayed (`with` form),
-        # or the replay ran out of memory before it was done
-        replayed = located is not None and located.out_of_memory is None
-        reproduced = False if replayed else None
         found = batch_finding(failure)
         if found is not None:  # NB: the sentinel kept the batch: named, not replayed
-            return dataclasses.replace(_first_of(failure.step, found), reproduced=reproduced)
+            return _first_of(failure.step, found, reproduced)
         return FirstNonfinite(step=failure.step, phase=failure.phase.value, reproduced=reproduced)
-    return _first_of(failure.step, found)
+    return _first_of(failure.step, found, reproduced)
+
+
+def reproduction_of(result: RunResult, located: Localization | None) -> Reproduction | None:
+    """The replay's losses held against the run's telemetry (`localize.reproduction`)."""
+    t = result.telemetry
+    return reproduction(located, dict(zip(t.step, t.loss, strict=False)))
 
 
 def evidence_of(located: Localization | None) -> Evidence | None:
@@ -133,9 +140,13 @@ def evidence_of(located: Localization | None) -> Evidence | None:
 
 
 def rank_reports(
-    world_size: int, failure: Verdict | None, located: list[Localization] | None
+    world_size: int,
+    failure: Verdict | None,
+    located: list[Localization] | None,
+    reproduced: str | None = None,
 ) -> list[RankReport]:
-    """Per rank: where the non-finite value was born (origin), or got in (inherited)."""
+    """Per rank: where the non-finite value was born (origin), or got in (inherited);
+    `reproduced`: the word of the job's replay, which every rank ran in lockstep."""
     origin = set(failure.reading.origin_ranks) if failure else set()
     inherited = set(failure.reading.inherited_ranks) if failure else set()
     out = []
@@ -143,7 +154,7 @@ def rank_reports(
         status = "origin" if rank in origin else ("inherited" if rank in inherited else "clean")
         found = located[rank].finding if located is not None else None
         first = (
-            _first_of(failure.step, found)
+            _first_of(failure.step, found, reproduced)
             if found is not None and failure is not None and failure.step is not None
             else None
         )
@@ -151,7 +162,7 @@ def rank_reports(
     return out
 
 
-def _first_of(step: int, found: Finding) -> FirstNonfinite:
+def _first_of(step: int, found: Finding, reproduced: str | None = None) -> FirstNonfinite:
     return FirstNonfinite(
         step=step,
         phase=found.phase.value,
@@ -163,7 +174,7 @@ def _first_of(step: int, found: Finding) -> FirstNonfinite:
         shape=found.shape,
         count_nonfinite=found.count,
         source=found.source,
-        reproduced=True,
+        reproduced=reproduced,
         frames=found.frames,
         micro_batch=found.micro_batch,
     )
@@ -172,13 +183,15 @@ def _first_of(step: int, found: Finding) -> FirstNonfinite:
 def _ranks(f: Findings) -> list[RankReport] | None:
     if f.world_size is None:
         return None
-    return rank_reports(f.world_size, f.result.failure, f.per_rank)
+    first = first_nonfinite(f.result, f.located)
+    reproduced = first.reproduced if first is not None else None
+    return rank_reports(f.world_size, f.result.failure, f.per_rank, reproduced)
 
 
 def _notes(f: Findings) -> list[str]:
     """The driver's notes, then the replay's, then the engines' (an interrupt last)."""
     interrupted = [f.interrupted] if f.interrupted is not None else []
-    replay = replay_notes(f.located, f.result.failure)
+    replay = replay_notes(f.located, f.result.failure, reproduction_of(f.result, f.located))
     dead = dead_gradients_note(f.result)
     return [*f.notes, *replay, *dead, *f.later_notes, *interrupted]
 

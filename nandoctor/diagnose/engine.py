@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed
@@ -35,6 +35,7 @@ from nandoctor.errors import NandoctorError, UsageError, forget_torch_globals
 from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, Recorded, localize, localize_failure
+from nandoctor.localize.reproduction import mean_losses
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
 from nandoctor.report.telemetry import Telemetry
@@ -226,7 +227,9 @@ def _replay_on_ranks(
     if session.ranks is None:
         return located, None
     per_rank = session.ranks.gather_objects(located)
-    return per_rank[min(failure.reading.origin_ranks, default=0)], per_rank
+    origin = per_rank[min(failure.reading.origin_ranks, default=0)]
+    # NB: the run's loss is the ranks' mean (the telemetry's): so is the replay's
+    return replace(origin, losses=mean_losses(r.losses for r in per_rank)), per_rank
 
 
 def _measures(options: DiagnoseOptions) -> bool:

@@ -10,6 +10,7 @@ from nandoctor.causes.words import plural, value_word, values
 from nandoctor.errors import changed_torch_globals
 from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
+from nandoctor.localize.reproduction import VALUES_DIFFER, Reproduction
 from nandoctor.localize.tracer import Finding
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.record import RunResult
@@ -121,19 +122,50 @@ def dead_gradients_note(result: RunResult) -> list[str]:
     ]
 
 
-def replay_notes(located: Localization | None, failure: Verdict | None = None) -> list[str]:
+def replay_notes(
+    located: Localization | None,
+    failure: Verdict | None = None,
+    replayed: Reproduction | None = None,
+) -> list[str]:
     """What the replay of the bad step has to say about itself, if anything (first,
-    that it left the run's path on the way, when it did)."""
+    that it left the run's path on the way, when it did; then, when it went non-finite
+    with other values than the run's, that it did)."""
     if located is None:
         return []
     drift = [located.drift] if located.drift else []
+    if replayed is not None and replayed.step is not None and not drift:
+        drift = [_values_differ(located.step, replayed)]
     return drift + _replay_notes(located, failure)
+
+
+def _values_differ(step: int, replayed: Reproduction) -> str:
+    """The replay's numbers are not the run's: it went non-finite all the same, or it did
+    not, having left the run's path on the way."""
+    losses = (
+        f"step {replayed.step}'s loss was {replayed.run!r} in the run, {replayed.replay!r} "
+        f"in the replay"
+    )
+    why = (
+        "nondeterministic kernels (a GPU's atomic adds; torch.use_deterministic_algorithms"
+        "(True) rules them out), noise drawn from outside the seeded generators, or state "
+        "the replay does not rewind"
+    )
+    if replayed.word == VALUES_DIFFER:
+        return (
+            f"the instrumented replay of step {step} went non-finite as the run did, with "
+            f"other values: {losses} (reproduced: values-differ): {why}; the origin named "
+            "is where this replay went non-finite"
+        )
+    return (
+        f"the instrumented replay did not follow the run exactly on its way to step {step}: "
+        f"{losses}: {why}"
+    )
 
 
 def _replay_notes(located: Localization, failure: Verdict | None) -> list[str]:
     if located.out_of_memory is not None:
         return [replay_out_of_memory(located)]
-    if located.reproduced:
+    if located.found:
         return [located.note] if located.note else []
     if not located.reached:  # NB: it saw nothing because it never got there
         return [f"the instrumented replay did not reach step {located.step}: {located.note}"]
@@ -147,7 +179,13 @@ def _replay_notes(located: Localization, failure: Verdict | None) -> list[str]:
             f"nondeterministic{note}"
         ]
     seen = " reach the loss, a gradient or a weight" if located.transients else ""
-    why = "the failure is nondeterministic or transient"
+    why = (
+        "the failure did not reproduce (reproduced: not-reproduced), so it is "
+        "nondeterministic or transient: a race, a fault of the hardware, or state the "
+        "replay does not rewind (see transient-fault)"
+    )
+    if located.failed:  # NB: the replay itself went wrong: it says nothing of the failure
+        return [f"the instrumented replay of step {located.step} could not run: {located.note}"]
     return [
         f"the instrumented replay of step {located.step} saw no non-finite value{seen}: {why}{note}"
     ]

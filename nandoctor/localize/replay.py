@@ -24,12 +24,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from nandoctor.errors import UserCodeError, out_of_memory
+from nandoctor.localize.reproduction import StepLoss
 from nandoctor.localize.tracer import Finding, Tracer
 from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
 from nandoctor.report.types import Transient
 from nandoctor.runtime import amp
-from nandoctor.runtime.probe import Phase, Probe, StepContext
+from nandoctor.runtime.probe import Phase, Probes
 from nandoctor.runtime.recheck import Gradients
 from nandoctor.runtime.rerun import StepRunner
 from nandoctor.runtime.sentinel import Verdict
@@ -61,9 +62,15 @@ class Localization:
     # the run's state to replay from`, `rerunning steps 3 to 6 on the way`, `in the full
     # trace of step 7 and again in the lighter one`
     out_of_memory: str | None = None
+    # the loss of each step the replay ran (the kept steps, then this one), as the run's
+    # telemetry records it: what `reproduction` holds against the run's
+    losses: dict[int, float] = field(default_factory=dict)
+    # the replay itself failed (out of memory, nothing to rewind to, the user's code
+    # raised): it says nothing of whether the failure reproduces
+    failed: bool = False
 
     @property
-    def reproduced(self) -> bool:
+    def found(self) -> bool:
         return self.finding is not None
 
 
@@ -130,15 +137,16 @@ def localize(
             here = store.capture_now(-1)
             grads = Gradients.keep(objects)  # NB: a snapshot has none; the loop left some
     except _RanOut as e:
-        return Localization(step, None, out_of_memory=e.stage, reached=False)
+        return Localization(step, None, out_of_memory=e.stage, reached=False, failed=True)
     try:
         located = _full_or_light(objects, store, step, steps, started, loss_scale, here, recorded)
     except LookupError as e:
-        located = Localization(step, None, note=f"could not rewind: {e}")
+        located = Localization(step, None, note=f"could not rewind: {e}", failed=True)
     except _RanOut as e:
-        located = Localization(step, None, out_of_memory=e.stage, reached=False)
+        located = Localization(step, None, out_of_memory=e.stage, reached=False, failed=True)
     except UserCodeError as e:
-        located = Localization(step, None, note=f"the replay of step {step} failed: {e.message}")
+        failed = f"the replay of step {step} failed: {e.message}"
+        located = Localization(step, None, note=failed, failed=True)
     try:
         with _stage("restoring the run's state after the replay"):
             here.restore(objects)
@@ -214,67 +222,54 @@ def _replay(
 ) -> Localization:
     with _stage(f"rewinding to step {step}"):
         kept = store.rewind_for_replay(step)
-    updates, drift = _rerun(objects, steps, kept[:-1], recorded)
+    updates, losses = _rerun(objects, steps, kept[:-1])
     if updates.latest is None and store.reaches_further_back(kept[0][0], step - 1):
         # NB: no step since the newest snapshot moved the weights (a streak of scaler
         # skips): the last update that did lies further back
         with _stage(f"rewinding to step {step}"):
             kept = store.rewind_for_replay(step, earliest=True)
-        updates, drift = _rerun(objects, steps, kept[:-1], recorded)
+        updates, losses = _rerun(objects, steps, kept[:-1])
     note = set_loss_scale(objects, loss_scale)
     with _stage(f"in the {'lighter' if light else 'full'} trace of step {step}"):
         tracer = Tracer(objects, light=light)
+        loss = StepLoss(tracer.quiet)
         with tracer:
-            steps.run(step, kept[-1][1], tracer)
+            steps.run(step, kept[-1][1], Probes(tracer, loss))
         located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
-    located.drift = drift
+    located.drift = _drift(losses, recorded)
+    located.losses = losses if loss.value is None else {**losses, step: loss.value}
     return located
 
 
 def _rerun(
-    objects: TrainingObjects,
-    steps: StepRunner,
-    kept: list[tuple[int, object]],
-    recorded: Recorded | None,
-) -> tuple[UpdateTracker, str | None]:
-    """Re-run the steps from a snapshot up to the bad one, measuring their updates; and
-    the first whose loss left the run's (`recorded`), in words."""
-    updates, drift = UpdateTracker(objects), None
+    objects: TrainingObjects, steps: StepRunner, kept: list[tuple[int, object]]
+) -> tuple[UpdateTracker, dict[int, float]]:
+    """Re-run the steps from a snapshot up to the bad one, measuring their updates and
+    recording their losses."""
+    updates, losses = UpdateTracker(objects), {}
     for s, batch in kept:
-        losses = _Losses() if recorded is not None and drift is None else None
+        loss = StepLoss()
         with _stage(f"rerunning steps {kept[0][0]} to {kept[-1][0]} on the way"):
             updates.before()
-            steps.run(s, batch, losses)
+            steps.run(s, batch, loss)
             updates.after(s)
-        if losses is not None and recorded is not None:
-            drift = _drift(s, recorded.get(s), losses.value)
-    return updates, drift
+        if loss.value is not None:
+            losses[s] = loss.value
+    return updates, losses
 
 
-class _Losses(Probe):
-    """A rerun step's loss, as the sentinel keeps it: the sum of the parts a followed
-    loop backpropagates, the mean of nandoctor's own micro-batches'."""
-
-    forward_phase = False
-
-    def __init__(self) -> None:
-        self.parts: list[float] = []
-        self.value: float | None = None
-
-    def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
-        if phase is Phase.LOSS and ctx.loss is not None:
-            self.parts.append(float(ctx.loss.detach()))
-
-    def step_ended(self, ctx: StepContext) -> None:
-        if self.parts:
-            self.value = ctx.step_loss(self.parts)
+def _drift(losses: dict[int, float], recorded: Recorded | None) -> str | None:
+    """Words for the first rerun step whose loss left the run's, or None."""
+    for step, replayed in losses.items():
+        run = recorded.get(step) if recorded is not None else None
+        if run is not None and (words := _drifted(step, run, replayed)) is not None:
+            return words
+    return None
 
 
-def _drift(step: int, recorded: float | None, replayed: float | None) -> str | None:
+def _drifted(step: int, recorded: float, replayed: float) -> str | None:
     """Words for a replayed loss off the run's (beyond 1e-3 of it: a nondeterministic
     kernel's last digits are not a drift), or None."""
-    if recorded is None or replayed is None:
-        return None
     finite = math.isfinite(recorded), math.isfinite(replayed)
     if finite == (False, False):
         return None

@@ -73,7 +73,7 @@ class Tracer(Probe):
         # NB: origins born since this micro-batch began, and when its INPUT phase began
         self._micro_from = self._input_from = 0
         self._step_grads = StepGradients()  # NB: a GAN's other gradients, the last step's
-        self.provenance = Provenance()
+        self.provenance = Provenance(self._name_of)
         self._stack = contextlib.ExitStack()
 
     @property
@@ -136,6 +136,15 @@ class Tracer(Probe):
                 self._reach(phase, [(f"grad:{n}", made(p), r) for r, n, p in self._parameters()])
             elif phase is Phase.OPTIMIZER:
                 self._reach(phase, [(f"param:{n}", p, r) for r, n, p in self._parameters()])
+
+    def _name_of(self, t: torch.Tensor) -> str | None:
+        """`buffer norm.eps` or `parameter norm.eps` for a tensor of the roots' own."""
+        for top in self.modules.roots:
+            for kind, named in (("buffer", top.named_buffers), ("parameter", top.named_parameters)):
+                name = next((n for n, b in named() if local(b) is t or b is t), None)
+                if name is not None:
+                    return f"{kind} {name}"
+        return None
 
     def _parameters(self) -> list[tuple[int, str, nn.Parameter]]:
         """Each root's parameters, by their names inside it (a shared one: its first)."""

@@ -24,7 +24,11 @@ from nandoctor.report.types import Cause, Report
 
 ICONS = {"healthy": "✅", "nonfinite": "❌", "interrupted": "⚠️", "timeout": "⚠️"}
 VERIFIED = {True: "✔ verified", False: "✘ not enough on its own", None: "not verified"}
-_REPRODUCED: dict[bool | None, str] = {True: "yes", False: "no: nondeterministic or transient"}
+_REPRODUCED = {
+    "exact": "exact",
+    "values-differ": "yes, with other values (nondeterministic)",
+    "not-reproduced": "no: transient (the hardware, a race, or nondeterminism)",
+}
 
 
 def render_comparison_markdown(comparison: Comparison) -> str:
@@ -131,7 +135,7 @@ def _where(report: Report) -> list[str]:
         ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
         ("source", first.source),
         ("via", " ← ".join(library_frames(first)) or None),
-        ("reproduced", _REPRODUCED.get(first.reproduced)),
+        ("reproduced", _REPRODUCED.get(first.reproduced or "")),
     ]
     out = ["| where | |", "|---|---|"]
     out += [f"| {k} | `{v}` |" for k, v in rows if v is not None]

@@ -23,12 +23,17 @@ from nandoctor.report.types import FirstNonfinite, Report, Transient
 
 CONTEXT_LINES = 3
 TRANSIENTS_SHOWN = 5
+# `first_nonfinite.reproduced` of a replay that named an origin, as the terminal says it
+REPLAYED_ORIGIN = {
+    "exact": "reproduced exactly",
+    "values-differ": "reproduced, with other values than the run's (nondeterministic)",
+}
 
 
 def origin_block(report: Report) -> RenderableType | None:
     first = report.first_nonfinite
     parts: list[RenderableType] = []
-    if first is not None and first.reproduced:
+    if first is not None and first.reproduced in REPLAYED_ORIGIN:
         parts.append(_where(first, report.evidence))
         code = source_excerpt(first.source)
         if code is not None:
@@ -85,6 +90,8 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
     via = library_frames(first)
     if via:
         grid.add_row("via", escape("\n".join(via)))
+    if first.reproduced in REPLAYED_ORIGIN and first.reproduced != "exact":
+        grid.add_row("replay", REPLAYED_ORIGIN[first.reproduced])
     return grid
 
 

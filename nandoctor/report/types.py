@@ -18,6 +18,7 @@ Non-finite floats are written as the strings "nan", "inf" and "-inf" (JSON has n
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -87,7 +88,10 @@ class FirstNonfinite:
     shape: list[int] | None = None
     count_nonfinite: int | None = None
     source: str | None = None
-    reproduced: bool | None = None
+    # the instrumented replay of the step: exact (went non-finite, every loss it recomputed
+    # equal to the run's) | values-differ (non-finite, other values) | not-reproduced (no
+    # non-finite value: a transient); None: not replayed
+    reproduced: str | None = None
     micro_batch: int | None = None  # with grad_accum_steps > 1: the batch within the step
     frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
 
@@ -153,7 +157,19 @@ class Report:
         """The inverse of `to_dict` (for baselines, tests and tools reading reports)."""
         from pydantic import TypeAdapter  # NB: here: `lint` reads the cause ids without it
 
-        return TypeAdapter(cls).validate_python(data)
+        return TypeAdapter(cls).validate_python(_reproduced_as_a_word(data))
+
+
+def _reproduced_as_a_word(data: dict[str, Any]) -> dict[str, Any]:
+    """A report written before `reproduced` was a word held a boolean: true (the replay
+    named an origin, its values not compared: "exact" is the nearest word) or false. A
+    copy: the caller's data stays as it was."""
+    data = copy.deepcopy(data)
+    ranks = data.get("ranks") or []
+    for first in [data.get("first_nonfinite"), *(r.get("first_nonfinite") for r in ranks)]:
+        if isinstance(first, dict) and isinstance(first.get("reproduced"), bool):
+            first["reproduced"] = "exact" if first["reproduced"] else "not-reproduced"
+    return data
 
 
 _ORDER = (

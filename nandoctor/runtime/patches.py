@@ -39,7 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.registry import Registry
-from nandoctor.runtime import safe_ops
+from nandoctor.runtime import epsilons, safe_ops
 from nandoctor.runtime.probe import Probe
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
@@ -49,6 +49,10 @@ _ADD = {torch.add, torch.Tensor.add, torch.Tensor.add_}
 _ADD |= {torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__iadd__}
 _CLAMP = {torch.clamp, torch.clamp_min, torch.Tensor.clamp, torch.Tensor.clamp_min}
 _CLAMP |= {torch.Tensor.clamp_, torch.Tensor.clamp_min_, torch.clip, torch.Tensor.clip}
+_MAXIMUM = {torch.maximum, torch.Tensor.maximum, torch.fmax, torch.Tensor.fmax}
+_MAXIMUM |= {torch.max, torch.Tensor.max}  # NB: with two tensors; `max(x, dim)` has an int
+# NB: where each fill's value is among its arguments
+_FILLS = {torch.full_like: 1, torch.Tensor.new_full: 2, torch.where: 2, torch.Tensor.where: 2}
 _NORMS = {F.layer_norm, F.group_norm, F.batch_norm, F.instance_norm}
 if hasattr(F, "rms_norm"):
     _NORMS.add(F.rms_norm)
@@ -127,34 +131,57 @@ class FiniteMaskPatch(MathPatch):
 
 @patch_for("eps-underflow")
 class EpsilonPatch(MathPatch):
+    """Raise each epsilon the dtype rounds to 0 (runtime/epsilons.py), however it is given:
+    a number or a constant tensor added, a clamp's or a maximum's floor, a norm's `eps`, a
+    fill (`full_like(n, 1e-8)`, `where(c, n, 1e-8)`)."""
+
     describe = "epsilons raised to what the dtype can hold"
 
     def rewrite(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if func in _ADD and len(args) == 2:
-            tensor, scalar = (
-                (args[0], args[1]) if isinstance(args[0], torch.Tensor) else (args[1], args[0])
-            )
-            if isinstance(tensor, torch.Tensor) and _too_small(scalar, tensor.dtype):
+        if (func in _ADD or func in _MAXIMUM) and len(args) == 2:
+            args = self._raised_operand(args)
+        elif func in _NORMS and (dtype := _dtype(args)):
+            if (eps := epsilons.raised(kwargs.get("eps"), dtype)) is not None:
                 self.hits += 1
-                raised = torch.finfo(tensor.dtype).tiny
-                args = (tensor, raised) if args[0] is tensor else (raised, tensor)
-        elif func in _NORMS and (dtype := _dtype(args)) and _too_small(kwargs.get("eps"), dtype):
-            self.hits += 1
-            kwargs = {**kwargs, "eps": torch.finfo(dtype).tiny}
+                kwargs = {**kwargs, "eps": eps}
         elif func in _CLAMP and (dtype := _dtype(args)):
             args, kwargs = self._raised_min(args, kwargs, dtype)
+        elif func in _FILLS:
+            args, kwargs = self._raised_fill(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _raised_operand(self, args: tuple) -> tuple:
+        """`x + eps` or `maximum(x, eps)`: the operand the op's dtype rounds to 0 raised."""
+        dtype = epsilons.result_dtype(*args)
+        for i in (1, 0):
+            if (eps := epsilons.raised(args[i], dtype)) is not None:
+                self.hits += 1
+                return (args[0], eps) if i else (eps, args[1])
+        return args
 
     def _raised_min(self, args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
         """`clamp(x, min=1e-8)` in float16 clamps to 0: raise the minimum it rounds to 0."""
         low = args[1] if len(args) > 1 else kwargs.get("min")
-        if not _too_small(low, dtype):
+        eps = epsilons.raised(low, dtype)
+        if eps is None:
             return args, kwargs
         self.hits += 1
-        tiny = torch.finfo(dtype).tiny
         if len(args) > 1:
-            return (args[0], tiny, *args[2:]), kwargs
-        return args, {**kwargs, "min": tiny}
+            return (args[0], eps, *args[2:]), kwargs
+        return args, {**kwargs, "min": eps}
+
+    def _raised_fill(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """`full_like(n, 1e-8)` or `where(c, n, 1e-8)` in float16: a tensor of zeros."""
+        at = _FILLS[func]
+        if len(args) <= at or isinstance(args[at], torch.Tensor):
+            return args, kwargs
+        floats = (a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+        like = next(floats, None)
+        dtype = kwargs.get("dtype") or (like.dtype if like is not None else None)
+        if (eps := epsilons.raised(args[at], dtype)) is None:
+            return args, kwargs
+        self.hits += 1
+        return (*args[:at], eps, *args[at + 1 :]), kwargs
 
 
 @dataclass(frozen=True)
@@ -237,13 +264,6 @@ def _is_neg_inf(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and bool(value.isneginf().all())
     return isinstance(value, float) and value == float("-inf")
-
-
-def _too_small(value: Any, dtype: torch.dtype | None) -> bool:
-    """A nonzero number that `dtype` rounds to exactly 0 (1e-8 in float16)."""
-    if dtype is None or not isinstance(value, float) or not dtype.is_floating_point or value == 0:
-        return False
-    return float(torch.tensor(value, dtype=dtype)) == 0.0
 
 
 def _user_line(frame: FrameType | None) -> tuple[str, int] | None:

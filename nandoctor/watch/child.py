@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from nandoctor.diagnose.lr_history import LrHistory
+from nandoctor.localize.reproduction import StepLoss
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import Probe, Probes, StepContext
@@ -86,6 +87,7 @@ class Watched:
         )
         self.hooks.__enter__()
         self.tracer: Tracer | None = None
+        self.traced_loss: StepLoss | None = None  # the traced step's, as the sentinel keeps it
         self.updates: UpdateTracker | None = None
         self.note: str | None = None  # the replay's, for the report
         self.written = False
@@ -179,7 +181,8 @@ class Watched:
             return
         self.tracer = Tracer(self.run, others=self.run.others)
         self.tracer.__enter__()
-        self.hooks.probe = self.tracer
+        self.traced_loss = StepLoss(self.tracer.quiet)
+        self.hooks.probe = Probes(self.tracer, self.traced_loss)
 
     def _write_trace(self, step: int, reached: bool = False, diverged: int | None = None) -> None:
         from nandoctor.localize.replay import Localization, localization_of
@@ -190,6 +193,7 @@ class Watched:
             tracer.__exit__(None, None, None)
             update = self.updates.latest if self.updates is not None else None
             located = localization_of(tracer, step, start, update, started, self.note)
+            located.losses = self._losses(step)
         else:
             located = Localization(step, None, [], start, time.perf_counter() - started)
         data = {
@@ -199,6 +203,16 @@ class Watched:
             **protocol.job_place(),
         }
         protocol.write_json(protocol.trace_file(self.settings.dir, self.pid), data)
+
+    def _losses(self, step: int) -> dict[int, float]:
+        """The losses of this rerun, to hold against the first run's: every step the
+        sentinel watched before the traced one, then the traced step's own."""
+        t = self.result.telemetry
+        losses = {s: loss for s, loss in zip(t.step, t.loss, strict=True) if s < step}
+        traced = self.traced_loss
+        if traced is not None and traced.value is not None:
+            losses[step] = traced.value
+        return losses
 
     # -- results ------------------------------------------------------------------------------
     def _write_run(self) -> None:

@@ -149,7 +149,8 @@ def located_of(
             f"the rerun went non-finite at step {first.diverged} instead, so the script is "
             "not deterministic: seed Python, numpy and torch, and fix its data order"
         )
-        return replace(first.located, finding=None, note=note)
+        # NB: it never ran the step: whether the failure reproduces there is unknown
+        return replace(first.located, finding=None, note=note, reached=False)
     if not first.reached:
         note = f"the rerun of the command ended before step {step}{tail}"
         return replace(first.located, finding=None, note=note, reached=False)

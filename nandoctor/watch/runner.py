@@ -86,6 +86,10 @@ def watched(
             first, notes = _maybe_recheck(command, first, runs, options)
             located, more = _maybe_replay(command, first.result, options, on_replay, traces)
             notes += more
+            if located is not None and traces and traces[0].rank != first.rank:
+                # NB: a job's replay traced by another rank than the run that failed
+                # first: its losses are another process's, nothing to hold them against
+                located = replace(located, losses={})
         except KeyboardInterrupt:  # NB: Ctrl-C (or SIGTERM) while the rerun ran
             interrupted = REPLAY_INTERRUPTED
     job = None
