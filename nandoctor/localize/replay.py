@@ -195,14 +195,15 @@ def _replay(
     light: bool = False,
 ) -> Localization:
     kept = store.rewind_for_replay(step)
-    updates, drift = _rerun(objects, steps, kept[:-1], recorded)
+    updates, drift = _rerun(objects, store, steps, kept[:-1], recorded)
     if updates.latest is None and store.reaches_further_back(kept[0][0], step - 1):
         # NB: no step since the newest snapshot moved the weights (a streak of scaler
         # skips): the last update that did lies further back
         kept = store.rewind_for_replay(step, earliest=True)
-        updates, drift = _rerun(objects, steps, kept[:-1], recorded)
+        updates, drift = _rerun(objects, store, steps, kept[:-1], recorded)
     note = set_loss_scale(objects, loss_scale)
     tracer = Tracer(objects, light=light)
+    store.drawn(step)
     with tracer:
         steps.run(step, kept[-1][1], tracer)
     located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
@@ -212,6 +213,7 @@ def _replay(
 
 def _rerun(
     objects: TrainingObjects,
+    store: SnapshotStore,
     steps: StepRunner,
     kept: list[tuple[int, object]],
     recorded: Recorded | None,
@@ -222,6 +224,7 @@ def _rerun(
     for s, batch in kept:
         losses = _Losses() if recorded is not None and drift is None else None
         updates.before()
+        store.drawn(s)
         steps.run(s, batch, losses)
         updates.after(s)
         if losses is not None and recorded is not None:
