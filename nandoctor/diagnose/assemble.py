@@ -164,6 +164,7 @@ def _first_of(step: int, found: Finding) -> FirstNonfinite:
         reproduced=True,
         frames=found.frames,
         micro_batch=found.micro_batch,
+        samples=list(found.samples),
     )
 
 

@@ -35,6 +35,7 @@ from nandoctor.errors import UsageError, forget_torch_globals
 from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, Recorded, localize, localize_failure
+from nandoctor.localize.samples import with_indices
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
 from nandoctor.report.telemetry import Telemetry
@@ -200,6 +201,7 @@ def _replay_on_ranks(
 ) -> tuple[Localization, list[Localization] | None]:
     steps = SessionSteps(session)
     located = localize(session, store, step, steps, loss_scale=scale, recorded=recorded)
+    located.finding = with_indices(located.finding, session.batches.indices_of(step))
     if session.ranks is None:
         return located, None
     per_rank = session.ranks.gather_objects(located)

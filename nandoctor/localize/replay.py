@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from nandoctor.errors import UserCodeError, out_of_memory
+from nandoctor.localize.samples import find_samples, in_a_job
 from nandoctor.localize.tracer import Finding, Tracer
 from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
@@ -204,11 +205,23 @@ def _replay(
     note = set_loss_scale(objects, loss_scale)
     tracer = Tracer(objects, light=light)
     store.drawn(step)
+    before = None if light or in_a_job() else _state_before(store, step)
     with tracer:
         steps.run(step, kept[-1][1], tracer)
     located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
     located.drift = drift
+    if located.finding is not None:
+        located.finding = find_samples(objects, steps, step, kept[-1][1], located.finding, before)
     return located
+
+
+def _state_before(store: SnapshotStore, step: int) -> StateSnapshot | None:
+    """The state the traced step begins with, for the reruns that find its samples (None
+    where host memory cannot hold one more copy: the samples then stay unknown)."""
+    try:
+        return store.capture_now(step)
+    except MEMORY_ERRORS:
+        return None
 
 
 def _rerun(
