@@ -124,6 +124,24 @@ def test_a_corrupt_item_is_named_by_its_row_and_its_dataset_index(project, tmp_p
     assert first.samples == [Sample(row=row, index=41, nonfinite=1)]
 
 
+def test_with_accumulation_the_row_is_the_micro_batchs(project, tmp_path):
+    path = project(
+        base_config(
+            model="train.py:build_model",
+            data="train.py:build_loader",
+            data_args={"corrupt": 41},
+            loss="train.py:loss",
+            steps=10,
+            grad_accum_steps=2,
+        ),
+        code=TRAIN,
+    )
+    first = diagnose(load_config(path), DiagnoseOptions(verify=False)).first_nonfinite
+    batch, row = where_the_loader_puts(41)
+    assert (first.step, first.micro_batch) == (batch // 2, batch % 2)
+    assert first.samples == [Sample(row=row, index=41, nonfinite=1)]
+
+
 def test_a_dict_batch_names_its_row_too(project, tmp_path):
     report = run(project, tmp_path, corrupt=41, as_dict=True)
     step, row = where_the_loader_puts(41)
