@@ -20,7 +20,7 @@ SPEC_KEYS = {
 }  # fmt: skip
 FIRST_NONFINITE_KEYS = {
     "step", "phase", "module", "op", "tensor", "value", "dtype", "shape", "count_nonfinite",
-    "source", "reproduced", "frames", "micro_batch",
+    "source", "reproduced", "frames", "micro_batch", "samples",
 }  # fmt: skip
 
 

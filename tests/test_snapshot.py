@@ -255,7 +255,7 @@ def test_memory_is_two_states_plus_the_batches(project, tmp_path):
     session = session_of(project, tmp_path)
     store = SnapshotStore(session, every=1)
     run(session, store, Probe(), 6)
-    batch_bytes = sum(t.numel() * t.element_size() for t in session.batches.first_epoch()[0])
+    batch_bytes = sum(t.numel() * t.element_size() for t in session.batches.build()[0])
     assert store.nbytes <= 2 * state_bytes(session) + 3 * batch_bytes
 
 

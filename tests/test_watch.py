@@ -83,6 +83,7 @@ def test_continue_lets_the_script_finish_and_still_exits_1(tmp_path, capfd):
     assert (first["step"], first["phase"], first["reproduced"]) == (3, "input", None)
     # NB: no replay, yet the batch tensor is named: the watched process described it
     assert (first["tensor"], first["value"], first["count_nonfinite"]) == ("input:0", "nan", 1)
+    assert first["samples"] == [{"row": 0, "index": None, "nonfinite": 1}]
     assert report["causes"][0]["id"] == "nonfinite-input"
 
 
@@ -103,6 +104,7 @@ def test_a_nan_in_keyword_labels_is_the_input_phase_and_named(tmp_path, nan_at):
     assert code == 1 and (first["step"], first["phase"]) == (nan_at, "input")
     tensor = (first["tensor"], first["value"], first["reproduced"])
     assert tensor == ("input:labels", "nan", "exact")
+    assert first["samples"] == [{"row": 3, "index": None, "nonfinite": 1}]
     assert report["causes"][0]["id"] == "nonfinite-input"
 
 

@@ -177,6 +177,7 @@ def _first_of(step: int, found: Finding, reproduced: str | None = None) -> First
         reproduced=reproduced,
         frames=found.frames,
         micro_batch=found.micro_batch,
+        samples=list(found.samples),
     )
 
 

@@ -36,6 +36,7 @@ from nandoctor.gate.baseline import Baseline, require_comparable, require_same_m
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, Recorded, localize, localize_failure
 from nandoctor.localize.reproduction import mean_losses
+from nandoctor.localize.samples import with_indices
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import health_of
 from nandoctor.report.telemetry import Telemetry
@@ -224,6 +225,7 @@ def _replay_on_ranks(
 ) -> tuple[Localization, list[Localization] | None]:
     steps = SessionSteps(session)
     located = localize(session, store, step, steps, loss_scale=scale, recorded=recorded)
+    located.finding = with_indices(located.finding, session.batches.indices_of(step))
     if session.ranks is None:
         return located, None
     per_rank = session.ranks.gather_objects(located)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,6 +53,7 @@ from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.safe_ops import family
 from nandoctor.runtime.snapshot import StateSnapshot
+from nandoctor.runtime.tensors import host_copy
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
@@ -359,6 +360,15 @@ class Resume:
             scheduler.base_lrs = [lr * factor for lr in base_lrs]
         session.start_step = self.snapshot.step
 
+    def batches(self, session: Session) -> Iterable[tuple[int, Any]]:
+        """The steps from the snapshot's on, as the run drew them (`BatchStream.resumed`);
+        skipped to from the data's first batch where the snapshot does not say where the
+        data stood."""
+        data = self.snapshot.data
+        if data is not None:  # NB: a copy of the kept batch: a loss may write into its batch
+            return session.batches.resumed(replace(data, batch=host_copy(data.batch)))
+        return itertools.islice(session.batches, self.snapshot.step - session.start_step, None)
+
 
 def _factor(before: Any, after: Any) -> float | None:
     numbers = isinstance(before, (int, float)) and isinstance(after, (int, float))
@@ -379,7 +389,7 @@ def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = No
         session = build_session(plan.loaded)
         batches = None
         if resume is not None:
-            batches = itertools.islice(session.batches, start - session.start_step, None)
+            batches = resume.batches(session)
             resume.apply(session, plan.loaded)
         if plan.prepare is not None:
             plan.prepare(session)

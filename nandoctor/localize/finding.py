@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from nandoctor.localize.stats import tensor_stats, value_kind
+from nandoctor.localize.stats import batch_rows, row_counts, tensor_stats, value_kind
 from nandoctor.report.evidence import Evidence
-from nandoctor.report.types import Frame
+from nandoctor.report.types import Frame, Sample
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.tensors import named_tensors, nonfinite_data
@@ -33,6 +33,10 @@ class Finding:
     frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
     micro_batch: int | None = None  # gradient accumulation: the micro-batch it was born in
     root: int = 0  # the root module `module` is inside: 0 the model, else the step's others
+    # (row, count) of the rows along the tensor's first dimension holding its non-finite
+    # values: a forward op's, for the samples' search (`samples.py`)
+    rows: tuple[tuple[int, int], ...] = ()
+    samples: tuple[Sample, ...] = ()  # the batch rows it began in (`samples.py`)
 
 
 def finding_of(
@@ -72,18 +76,27 @@ def batch_finding(verdict: Verdict) -> Finding | None:
     if verdict.phase is not Phase.INPUT:
         return None
     if not verdict.batches and verdict.batch_named is not None:
-        named = verdict.batch_named
-        return Finding(Phase.INPUT, None, None, source=None, **named)
+        named = dict(verdict.batch_named)
+        rows = tuple(s if isinstance(s, Sample) else Sample(**s) for s in named.pop("samples", ()))
+        return Finding(Phase.INPUT, None, None, source=None, samples=rows, **named)
     for index, batch in enumerate(verdict.batches):
         for path, t in named_tensors(batch):
             if t.is_floating_point() and bool(nonfinite_data([t], t.device)):
                 found = finding_of(Phase.INPUT, None, None, f"input:{path or 'batch'}", t, None)
                 micro = index if len(verdict.batches) > 1 else None
-                return replace(found, micro_batch=micro)
+                return replace(found, micro_batch=micro, samples=held_rows(t, batch))
     return None
+
+
+def held_rows(t: torch.Tensor, batch: Any) -> tuple[Sample, ...]:
+    """The rows of batch tensor `t` that hold its non-finite values, where its first
+    dimension is the batch's (not a sequence-first layout's)."""
+    if t.dim() == 0 or t.shape[0] != batch_rows(batch):
+        return ()
+    return tuple(Sample(row, nonfinite=n) for row, n in row_counts(t))
 
 
 def named_fields(found: Finding) -> dict[str, Any]:
     """A batch finding as the plain data `Verdict.batch_named` carries across processes."""
-    keys = ("tensor", "value", "dtype", "shape", "count", "micro_batch")
+    keys = ("tensor", "value", "dtype", "shape", "count", "micro_batch", "samples")
     return {k: getattr(found, k) for k in keys}

@@ -25,6 +25,7 @@ import torch
 
 from nandoctor.errors import UserCodeError, out_of_memory
 from nandoctor.localize.reproduction import StepLoss
+from nandoctor.localize.samples import find_samples, in_a_job
 from nandoctor.localize.tracer import Finding, Tracer
 from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
@@ -222,27 +223,45 @@ def _replay(
 ) -> Localization:
     with _stage(f"rewinding to step {step}"):
         kept = store.rewind_for_replay(step)
-    updates, losses = _rerun(objects, steps, kept[:-1])
+    updates, losses = _rerun(objects, store, steps, kept[:-1])
     if updates.latest is None and store.reaches_further_back(kept[0][0], step - 1):
         # NB: no step since the newest snapshot moved the weights (a streak of scaler
         # skips): the last update that did lies further back
         with _stage(f"rewinding to step {step}"):
             kept = store.rewind_for_replay(step, earliest=True)
-        updates, losses = _rerun(objects, steps, kept[:-1])
+        updates, losses = _rerun(objects, store, steps, kept[:-1])
     note = set_loss_scale(objects, loss_scale)
     with _stage(f"in the {'lighter' if light else 'full'} trace of step {step}"):
         tracer = Tracer(objects, light=light)
         loss = StepLoss(tracer.quiet)
+        store.drawn(step)
+        before = None if light or in_a_job() else _state_before(store, step)
         with tracer:
             steps.run(step, kept[-1][1], Probes(tracer, loss))
         located = localization_of(tracer, step, kept[0][0], updates.latest, started, note)
     located.drift = _drift(losses, recorded)
     located.losses = losses if loss.value is None else {**losses, step: loss.value}
+    if located.finding is not None:
+        located.finding = find_samples(objects, steps, step, kept[-1][1], located.finding, before)
     return located
 
 
+def _state_before(store: SnapshotStore, step: int) -> StateSnapshot | None:
+    """The state the traced step begins with, for the reruns that find its samples (None
+    where host memory cannot hold one more copy: the samples then stay unknown)."""
+    try:
+        return store.capture_now(step)
+    except Exception as e:  # NB: not only OutOfMemoryError: the CPU's is a RuntimeError
+        if not out_of_memory(e):
+            raise
+        return None
+
+
 def _rerun(
-    objects: TrainingObjects, steps: StepRunner, kept: list[tuple[int, object]]
+    objects: TrainingObjects,
+    store: SnapshotStore,
+    steps: StepRunner,
+    kept: list[tuple[int, object]],
 ) -> tuple[UpdateTracker, dict[int, float]]:
     """Re-run the steps from a snapshot up to the bad one, measuring their updates and
     recording their losses."""
@@ -251,6 +270,7 @@ def _rerun(
         loss = StepLoss()
         with _stage(f"rerunning steps {kept[0][0]} to {kept[-1][0]} on the way"):
             updates.before()
+            store.drawn(s)
             steps.run(s, batch, loss)
             updates.after(s)
         if loss.value is not None:

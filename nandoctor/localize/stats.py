@@ -3,9 +3,13 @@ call reads back to the host, which the fast path never does."""
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import torch
 
 from nandoctor.report.evidence import TensorStats
+from nandoctor.runtime.tensors import named_tensors
 
 
 def tensor_stats(name: str, t: torch.Tensor) -> TensorStats:
@@ -65,3 +69,23 @@ def kinds_of(tensors: list[torch.Tensor]) -> list[tuple[bool, bool]]:
     for i, (nan, inf) in zip(floats, torch.stack(flags).tolist(), strict=True):
         out[i] = (bool(nan), bool(inf))
     return out
+
+
+def row_counts(t: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """`(row, count)` of each row along the first dimension that holds NaN or inf."""
+    if t.dim() == 0 or t.shape[0] == 0:
+        return ()
+    x = t.detach()
+    if x.layout != torch.strided:
+        x = x.to_dense()
+    per_row = (~torch.isfinite(x)).reshape(x.shape[0], -1).sum(1)
+    rows = per_row.nonzero().reshape(-1)
+    return tuple(zip(rows.tolist(), per_row[rows].tolist(), strict=True))
+
+
+def batch_rows(batch: Any) -> int | None:
+    """The batch's size along its first dimension: the leading size most of its tensors
+    share (a mask or an embedding table beside them may not); None without tensors."""
+    data = [t for _, t in named_tensors(batch) if t.dim() > 0 and not t.requires_grad]
+    sizes = Counter(t.shape[0] for t in data)
+    return sizes.most_common(1)[0][0] if sizes else None

@@ -29,13 +29,13 @@ from torch import nn
 from torch.overrides import resolve_name
 
 from nandoctor.localize import ops
-from nandoctor.localize.finding import Finding, finding_of
+from nandoctor.localize.finding import Finding, finding_of, held_rows
 from nandoctor.localize.frames import call_site, user_source
 from nandoctor.localize.modes import NodeInfo, NodeRecorder, OpChecker
 from nandoctor.localize.modules import ModuleTracker
 from nandoctor.localize.origins import Lineage, OriginTable, descend, reaching, transients
 from nandoctor.localize.provenance import Provenance
-from nandoctor.localize.stats import kinds_of, tensor_stats
+from nandoctor.localize.stats import kinds_of, row_counts, tensor_stats
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Transient
 from nandoctor.runtime.probe import Phase, Probe, StepContext
@@ -194,6 +194,7 @@ class Tracer(Probe):
             if _has_nonfinite(t):
                 tensor = f"input:{path or 'batch'}"
                 found = self._stamped(finding_of(Phase.INPUT, None, None, tensor, t, None))
+                found = replace(found, samples=held_rows(t, ctx.batch))
                 if late:
                     self.origin = found
                     return
@@ -318,7 +319,8 @@ class Tracer(Probe):
             producers=self.provenance.producers(func, args, kwargs) if full else [],
             recompute=ops.recompute_float32(func, args, kwargs, index) if full else None,
         )
-        return self._stamped(replace(found, evidence=evidence, root=root))
+        rows = row_counts(tensor) if full and phase in (Phase.FORWARD, Phase.LOSS) else ()
+        return self._stamped(replace(found, evidence=evidence, root=root, rows=rows))
 
     def _stamped(self, found: Finding) -> Finding:
         """The finding, with the micro-batch under way (gradient accumulation)."""

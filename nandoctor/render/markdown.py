@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from nandoctor.causes.words import plural, value_word
 from nandoctor.render.causes import snippet_pair
-from nandoctor.render.origin import library_frames, source_line, transient_text
+from nandoctor.render.origin import library_frames, samples_text, source_line, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
 from nandoctor.report.divergence import divergence_text, divergences, fails_by_divergence
@@ -131,6 +131,7 @@ def _where(report: Report) -> list[str]:
         ("module", _module(first.module, first.phase)),
         ("op", first.op),
         ("tensor", first.tensor),
+        ("in", samples_text(first.samples)),
         ("value", f"{first.count_nonfinite} × {_value(report)}" if first.value else None),
         ("dtype, shape", f"{first.dtype} {first.shape}" if first.dtype else None),
         ("source", first.source),

@@ -19,7 +19,7 @@ from rich.tree import Tree
 from nandoctor.causes.case import op_base
 from nandoctor.causes.words import MEETS_ZERO, value_word
 from nandoctor.report.evidence import Evidence, TensorStats
-from nandoctor.report.types import FirstNonfinite, Report, Transient
+from nandoctor.report.types import FirstNonfinite, Report, Sample, Transient
 
 CONTEXT_LINES = 3
 TRANSIENTS_SHOWN = 5
@@ -28,6 +28,7 @@ REPLAYED_ORIGIN = {
     "exact": "reproduced exactly",
     "values-differ": "reproduced, with other values than the run's (nondeterministic)",
 }
+SAMPLES_NAMED = 5  # batch rows named in the text; the JSON report lists them all
 
 
 def origin_block(report: Report) -> RenderableType | None:
@@ -65,6 +66,27 @@ def transient_text(t: Transient) -> str:
     return f"{t.op or 'an op'}{where}{at} ({t.phase}, {t.value})"
 
 
+def samples_text(samples: list[Sample]) -> str | None:
+    """`sample 17 of the batch (dataset index 1843)`; several named, the rest counted."""
+    if not samples:
+        return None
+    word = "sample" if len(samples) == 1 else "samples"
+    text = f"{word} {_listed([str(s.row) for s in samples])} of the batch"
+    indices = [s.index for s in samples]
+    if all(i is not None for i in indices):
+        word = "index" if len(samples) == 1 else "indices"
+        text += f" (dataset {word} {_listed([str(i) for i in indices])})"
+    return text
+
+
+def _listed(items: list[str]) -> str:
+    """`3`, `3 and 17`, `3, 17 and 20`, `3, 17, 20, 41, 60 and 7 more`."""
+    shown, rest = items[:SAMPLES_NAMED], len(items) - SAMPLES_NAMED
+    if rest > 0:
+        return f"{', '.join(shown)} and {rest} more"
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
 def library_frames(first: FirstNonfinite) -> list[str]:
     """`file:line` of the library frames that issued the op, innermost first."""
     return [f"{f.file}:{f.line}" for f in first.frames if not f.user]
@@ -84,6 +106,9 @@ def _where(first: FirstNonfinite, evidence: Evidence | None) -> Table:
     value = value_word(first.value, evidence.output if evidence else None)
     count = f"{first.count_nonfinite} × {value}" if first.count_nonfinite is not None else value
     grid.add_row("tensor", escape(f"{first.tensor}: {count} in {first.dtype} {first.shape}"))
+    rows = samples_text(first.samples)
+    if rows is not None:
+        grid.add_row("in", escape(rows))
     grid.add_row("module", module_tree(first.module, evidence, first.phase))
     if first.source:
         grid.add_row("source", escape(first.source))

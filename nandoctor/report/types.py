@@ -74,6 +74,16 @@ class Transient:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """A row of the batch (along its first dimension) that holds the non-finite value,
+    or makes the op where it began non-finite when run without the other rows."""
+
+    row: int
+    index: int | None = None  # the dataset index, for a DataLoader over a map-style dataset
+    nonfinite: int = 0  # how many of the origin tensor's non-finite values are this row's
+
+
+@dataclass(frozen=True)
 class FirstNonfinite:
     """Where the first non-finite value appeared. Fields other than step and phase stay
     None until the instrumented replay localises the tensor."""
@@ -94,6 +104,7 @@ class FirstNonfinite:
     reproduced: str | None = None
     micro_batch: int | None = None  # with grad_accum_steps > 1: the batch within the step
     frames: list[Frame] = field(default_factory=list)  # innermost first; the user's last
+    samples: list[Sample] = field(default_factory=list)  # [] where not known
 
 
 @dataclass(frozen=True)

@@ -100,10 +100,12 @@ def fast_run(
 def snapshot_store(session: Session) -> SnapshotStore:
     """The store of a run nandoctor drives (`diagnose`, `compare`): a snapshot every
     `snapshot.steps` of its config (decided from the state's size when unset), at the
-    period every rank of a data-parallel job agrees on."""
+    period every rank of a data-parallel job agrees on; each snapshot notes where the data
+    stream stood (a what-if replay resumes there)."""
     ranks = session.ranks
     agree = ranks.largest if ranks is not None else None
-    return SnapshotStore(session, every=session.config.snapshot.steps, agree=agree)
+    every = session.config.snapshot.steps
+    return SnapshotStore(session, every=every, agree=agree, position=session.batches.position)
 
 
 def _finite_batch(batch: object) -> bool:

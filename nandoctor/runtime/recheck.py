@@ -88,11 +88,13 @@ class ScaleOneRecheck:
     def _at_scale_one(self, step: int) -> bool | None:
         kept = self.store.rewind_to(step)
         for s, batch in kept[:-1]:  # from the snapshot up to the skipped step, as they ran
+            self.store.drawn(s)
             self.steps.run(s, batch)
         scaler = self.objects.scaler
         if scaler is not None:
             amp.set_scale(scaler, 1.0, device_of(self.objects))
         check = GradientCheck(self.objects)
+        self.store.drawn(step)
         self.steps.run(step, kept[-1][1], check)
         return check.bad
 

@@ -21,9 +21,8 @@ Snapshots read the training objects through `TrainingObjects`, so the same store
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from nandoctor.errors import out_of_memory
 from nandoctor.runtime import amp, sharded
 from nandoctor.runtime.state import TrainingObjects, model_and_optimizer, stepped_ids
 from nandoctor.runtime.tensors import host_copy, iter_tensors, local, tensor_bytes
+from nandoctor.setup.rng import RngState
 
 AUTO_BYTES_PER_STEP = 2 * 2**20  # `auto`: one step between snapshots per this many bytes...
 AUTO_MIN_EVERY = 32  # ...at least this many (a copy of a small model's state costs about
@@ -42,34 +42,6 @@ AUTO_MIN_EVERY = 32  # ...at least this many (a copy of a small model's state co
 # replay can still look a few dozen steps back...
 AUTO_MAX_EVERY = 64  # ...and at most this many; fewer where the batches kept would
 AUTO_BATCH_BUDGET = 2**30  # outgrow this many bytes (or the state's size, if larger)
-
-
-@dataclass
-class RngState:
-    python: Any
-    numpy: Any
-    torch: Tensor  # NB: `Tensor`, not `torch.Tensor`: this field's name hides the module here
-    cuda: list[Tensor] | None
-
-    @classmethod
-    def capture(cls) -> RngState:
-        numpy = sys.modules.get("numpy")
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        return cls(
-            random.getstate(),
-            numpy.random.get_state() if numpy is not None else None,
-            torch.get_rng_state(),
-            cuda,
-        )
-
-    def restore(self) -> None:
-        random.setstate(self.python)
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and self.numpy is not None:
-            numpy.random.set_state(self.numpy)
-        torch.set_rng_state(self.torch)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
 
 
 @dataclass
@@ -82,6 +54,9 @@ class StateSnapshot:
     scaler: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
     scheduler: dict[str, Any] | None = None
     rng: RngState | None = None
+    # where the data stream stood, with the step's kept batch (`setup.data.Position`): a
+    # replay that resumes here in a fresh session draws the batches the run drew next
+    data: Any = None
     # the optimizer's parameters the model does not hold (a learnable temperature in the
     # loss), by their place among the optimizer's parameters
     unowned: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -307,6 +282,7 @@ class SnapshotStore:
         every: int | None = None,
         *,
         agree: Callable[[int], int] | None = None,
+        position: Callable[[int], Any] | None = None,
     ) -> None:
         self.objects = objects
         self.every = every  # None: decided from the state's size (`auto`)
@@ -314,10 +290,12 @@ class SnapshotStore:
         # batches, made the job's (the largest): ranks that snapshot at different steps
         # would rewind a replay to different steps, and its collectives would hang
         self.agree = agree
+        self.position = position  # where the data stood at a step (`BatchStream.position`)
         self._snapshots: list[StateSnapshot] = []
         self._spare: list[StateSnapshot] = []
         self._pinned: StateSnapshot | None = None
         self._batches: dict[int, Any] = {}
+        self._drawn: dict[int, torch.Tensor] = {}  # torch's RNG once each batch was drawn
         self._spare_batches: list[Any] = []  # copies no longer kept: buffers to reuse
         self.out_of_memory = False  # snapshots stopped: no memory left to keep them
 
@@ -331,8 +309,10 @@ class SnapshotStore:
             return
         try:
             self._batches[step] = batch if copied else self._copy(batch)
+            self._drawn[step] = torch.get_rng_state()
             if not self._snapshots or step - self._snapshots[-1].step >= self._every():
                 self._capture(step, grads)
+                self._snapshots[-1].data = self._position(step)
                 self._forget_old_batches()  # NB: only a capture (or unpin) makes batches old
         except Exception as e:  # NB: not only OutOfMemoryError: the CPU's is a RuntimeError
             if not out_of_memory(e):
@@ -354,6 +334,7 @@ class SnapshotStore:
         run go on unwatched by replays (a replay then says it cannot rewind)."""
         self.out_of_memory = True
         self._snapshots, self._spare, self._pinned, self._batches = [], [], None, {}
+        self._drawn = {}
         self._spare_batches = []
 
     def pin(self, step: int) -> None:
@@ -394,6 +375,22 @@ class SnapshotStore:
         """The newest kept state at or before `step`: where a run can resume from to reach
         it (what-if replays of a fix start there rather than at step 0)."""
         return self._latest_at_or_before(step)
+
+    def drawn(self, step: int) -> None:
+        """Put torch's RNG back as it stood once `step`'s batch was drawn, before a replay
+        runs the step. NB: between two steps the run drew the next batch, and drawing it
+        may draw from the RNG the step's dropout draws from (a DataLoader draws its
+        shuffle and its workers' seed as an epoch begins); a replay from kept batches
+        draws none of that again. (Python's and numpy's RNG, which a step itself seldom
+        draws from, stay as the snapshot put them: reading theirs costs ~40 us a step.)"""
+        state = self._drawn.get(step)
+        if state is not None:
+            torch.set_rng_state(state)
+
+    def _position(self, step: int) -> Any:
+        """Where the data stood at `step`, with its kept batch (None: not known)."""
+        where = self.position(step) if self.position is not None else None
+        return dataclasses.replace(where, batch=self._batches[step]) if where is not None else None
 
     def batch_at(self, step: int) -> tuple[int, Any]:
         if step not in self._batches:
@@ -458,6 +455,8 @@ class SnapshotStore:
         old = [s for s in self._batches if s < oldest]
         if old:
             self._spare_batches = [self._batches.pop(s) for s in old]
+            for s in old:
+                self._drawn.pop(s, None)
 
 
 def state_bytes(objects: TrainingObjects) -> int:

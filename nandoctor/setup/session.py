@@ -166,6 +166,10 @@ def _build_session(loaded: LoadedConfig) -> Session:
     state = ckpt.load(base / config.checkpoint) if config.checkpoint else None
     if state is not None:
         ckpt.restore_model(model, state)
+    start = state.step if state is not None else 0
+    where = f"data ({config.data})"
+    source = _data_source(config, base, ranks)
+    stream = BatchStream(source, start, accum=config.grad_accum_steps, where=where)
     sharded = ranks is not None and config.distributed.strategy == "fsdp"
     if sharded:  # NB: before the optimizer, which steps each rank's shards
         fsdp.shard(model, config.distributed, cast(Ranks, ranks))
@@ -176,16 +180,17 @@ def _build_session(loaded: LoadedConfig) -> Session:
         if sharded and state.optimizer is not None:  # whole tensors: cut this rank's shards
             state = replace(state, optimizer=fsdp.shard_optimizer_state(optimizer, state.optimizer))
         ckpt.restore_training_state(state, optimizer, scaler)
-    start = state.step if state is not None else 0
-    source = _data_source(config, base, ranks)
-    where = f"data ({config.data})"
-    stream = BatchStream(source, config.seed, start, accum=config.grad_accum_steps, where=where)
     loss_fn = resolve(config.loss, "loss", base) if config.loss else default_loss
     parts = (model, loss_fn, optimizer, scheduler, scaler, device, dtype, stream, start)
     session = Session(config, loaded.path, *parts)
     session.notes += conversion_notes(config)
     if ranks is not None:
         session.ranks, session.train_model = ranks, model if sharded else ranks.wrap(model)
+    # NB: the data is built as the user's script builds it, after the model (docs/config.md,
+    # "Data and steps"): a builder that draws from the global RNG draws what it draws there.
+    # Nothing since the model drew from it; last, so that a rank whose data raises has
+    # passed the collectives of the setup (DDP's broadcast) that the other ranks wait in.
+    stream.build()
     return session
 
 

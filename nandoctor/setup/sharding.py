@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from nandoctor.setup.data import refuse_a_dataset_of_samples
+from nandoctor.setup.data import refuse_a_dataset_of_samples, untouched
 
 Gather = Callable[[Any], list[Any]]
 
@@ -76,14 +76,14 @@ class Sharder:
 
     def _same_on_every_rank(self, data: Any) -> tuple[Any, bool]:
         """Compare the first batch's fingerprint across ranks, without spending it (a
-        one-shot iterator gets it back in front; the RNG a shuffle drew is restored)."""
-        state = torch.get_rng_state()
+        one-shot iterator gets it back in front; what the look drew from the global RNG
+        and from a loader's own generator is put back: the job's loop never looked)."""
         if isinstance(data, Iterator):
             first = next(data, None)
             data = itertools.chain([] if first is None else [first], data)
         else:
-            first = next(iter(data), None)
-            torch.set_rng_state(state)
+            with untouched(data):
+                first = next(iter(data), None)
         prints = self.gather(fingerprint(first))
         return data, len(set(prints)) == 1
 
