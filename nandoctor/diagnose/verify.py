@@ -52,6 +52,7 @@ from nandoctor.runtime.patches import PATCHES, MathPatch, OpSite, OriginGuardPat
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.safe_ops import family
+from nandoctor.runtime.sentinel import Verdict as StepVerdict
 from nandoctor.runtime.snapshot import StateSnapshot
 from nandoctor.runtime.tensors import MEMORY_ERRORS
 from nandoctor.setup.load import LoadedConfig
@@ -418,12 +419,7 @@ def _judge(
     where = f"applied from step {result.start_step}"
     fixed = f"{plan.describe}, {where}{' (resumed from a snapshot)' if resumed else ''}"
     if result.failure is not None:
-        f = result.failure
-        # NB: a replay's sentinel leaves the model's output to the loss (not `thorough`): a
-        # NaN the forward made shows in the loss, as diagnosing it would place in forward
-        phase = "forward or loss" if f.phase is Phase.LOSS else (f.phase.value if f.phase else "?")
-        why = f"{fixed}, the run still went non-finite at step {f.step} (phase {phase})"
-        return Verdict(Replay.REFUTED, why)
+        return Verdict(Replay.REFUTED, f"{fixed}, {_still_failed(result.failure, case)}")
     finite = f"{result.steps_run}/{steps} steps stayed finite, to step {target}"
     skipped = sum(e.kind == "skipped-batch" for e in result.events)
     if skipped:  # NB: not "33/38 stayed finite": the other 5 did not fail, they never ran
@@ -443,6 +439,23 @@ def _judge(
     loss = _loss_words(learning.start, learning.end, case.reference_loss)
     held = f"{fixed}, {finite}, past the failing step {case.first.step}{loss}"
     return Verdict(Replay.HELD, held, end=learning.end)
+
+
+def _still_failed(f: StepVerdict, case: Case) -> str:
+    """Where and how the fixed run failed all the same, as a clause. A NaN the scaler
+    skipped is named as such: the replay got past that step only in the sense a plain
+    run of the fixed config would not (its gradients are non-finite at loss scale 1)."""
+    if f.hidden:
+        again = f.step == case.first.step and case.first.phase == Phase.BACKWARD.value
+        same = "the same NaN" if again else "a NaN"
+        return (
+            f"the scaler hid {same} at step {f.step}: it skipped the step, but its gradients "
+            "are non-finite at loss scale 1 too"
+        )
+    # NB: a replay's sentinel leaves the model's output to the loss (not `thorough`): a
+    # NaN the forward made shows in the loss, as diagnosing it would place in forward
+    phase = "forward or loss" if f.phase is Phase.LOSS else (f.phase.value if f.phase else "?")
+    return f"the run still went non-finite at step {f.step} (phase {phase})"
 
 
 def _loss_words(start: float | None, end: float | None, reference: float | None) -> str:
