@@ -96,3 +96,9 @@ def gaussian_nll(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
 def cross_entropy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     ids, labels = batch
     return F.cross_entropy(model(ids).float(), labels)
+
+
+def restarted_schedule(optimizer: torch.optim.Optimizer, at: int = 50, factor: float = 100.0):
+    """A schedule whose restart multiplies the rate `factor` times at step `at` (a warm
+    restart meant to return to the base rate, applied to an already-peaked one)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 if step < at else factor)

@@ -243,6 +243,17 @@ def test_a_held_fix_whose_run_ended_far_above_another_held_fixs_trails_it():
     assert [r for _, r in _behind_others([(fp16, near), (lr, ahead)])] == [Replay.HELD] * 2
 
 
+def test_held_fixes_whose_losses_end_at_or_below_zero_are_not_weighed_by_a_ratio():
+    """A Gaussian's negative log-likelihood: -0.1 is not "0.25x above" -0.4, and no ratio
+    of the two says which fix trains better."""
+    deeper = Verdict(Replay.HELD, "with a, ...; the loss fell from 1 to -0.4", end=-0.4)
+    shallower = Verdict(Replay.HELD, "with b, ...; the loss fell from 1 to -0.1", end=-0.1)
+    pairs = [(cause("fp16-overflow", 0.75), shallower), (cause("exploding-gradients", 0.5), deeper)]
+    weighed = _behind_others(pairs)
+    assert [r for _, r in weighed] == [Replay.HELD, Replay.HELD]
+    assert [c.verification for c, _ in weighed] == [None, None]
+
+
 def test_reranking_is_deterministic_and_keeps_the_rules_order_on_ties():
     pairs = [(cause(f"c{i}", 0.5), Replay.HELD) for i in range(5)]
     assert [c.id for c in rerank(pairs)] == ["c0", "c1", "c2", "c3", "c4"]

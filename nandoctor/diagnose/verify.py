@@ -43,7 +43,7 @@ from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import FAR_BEHIND, Replay, rerank
 from nandoctor.causes.unit import Change, Fix, fixes_for
 from nandoctor.causes.words import OVERFLOWED, num, plural
-from nandoctor.diagnose.learning import learning_of
+from nandoctor.diagnose.learning import learning_of, reference_loss
 from nandoctor.errors import NandoctorError
 from nandoctor.registry import Registry
 from nandoctor.report.types import Cause
@@ -245,8 +245,10 @@ def verify_all(
 def _behind_others(checked: list[tuple[Cause, Verdict]]) -> list[tuple[Cause, Replay]]:
     """The replays as `rerank` weighs them: a fix that held, but whose run ended
     `FAR_BEHIND` times above another held fix's, trails it (a bfloat16 switch that keeps
-    a run finite whose learning rate is 10x too high, beside the smaller rate)."""
-    ends = [v.end if v.replay is Replay.HELD and v.end else None for _, v in checked]
+    a run finite whose learning rate is 10x too high, beside the smaller rate). A ratio
+    says that only of positive losses: a loss that reaches 0 or below (a Gaussian's
+    log-likelihood) is never weighed so."""
+    ends = [v.end if v.replay is Replay.HELD and (v.end or 0) > 0 else None for _, v in checked]
     held = [(end, cause) for end, (cause, _) in zip(ends, checked, strict=True) if end]
     if not held:
         return [(cause, verdict.replay) for cause, verdict in checked]
@@ -432,11 +434,12 @@ def _judge(
             "is in most batches, so dropping them is no fix (find where it comes from)"
         )
         return Verdict(Replay.STOPPED_LEARNING, why)
-    learning = learning_of(result.telemetry.loss, case.reference_loss, resumed=resumed)
+    t = result.telemetry
+    learning = learning_of(list(zip(t.step, t.loss, strict=True)), case.losses, resumed=resumed)
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
         return Verdict(Replay.STOPPED_LEARNING, why)
-    loss = _loss_words(learning.start, learning.end, case.reference_loss)
+    loss = _loss_words(learning.start, learning.end, reference_loss(case.losses))
     held = f"{fixed}, {finite}, past the failing step {case.first.step}{loss}"
     return Verdict(Replay.HELD, held, end=learning.end)
 
