@@ -29,6 +29,7 @@ showed (`causes.ranking.rerank`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -47,6 +48,7 @@ from nandoctor.diagnose.learning import learning_of, reference_loss
 from nandoctor.errors import NandoctorError
 from nandoctor.registry import Registry
 from nandoctor.report.types import Cause
+from nandoctor.runtime import safe_ops
 from nandoctor.runtime.fast_run import fast_run
 from nandoctor.runtime.patches import PATCHES, MathPatch, OpSite, OriginGuardPatch
 from nandoctor.runtime.probe import Phase, Probe
@@ -155,8 +157,19 @@ def _optimizer_eps(case: Case, loaded: LoadedConfig) -> Plan | None:
     eps = max(1e-8, float(torch.finfo(getattr(torch, case.facts.param_dtype)).tiny))
     raised = optimizer.model_copy(update={"eps": eps})
     return Plan(
-        f"with the optimizer's eps raised to {eps:g}", loaded.with_overrides(optimizer=raised)
+        f"with the optimizer's eps raised to {eps:g}",
+        loaded.with_overrides(optimizer=raised),
+        prepare=functools.partial(_set_eps, eps=eps),
     )
+
+
+def _set_eps(session: Session, eps: float) -> None:
+    """The raised eps in every param group, once the session is built: a checkpoint's
+    optimizer state (`optimizer.load_state_dict`) brings back the eps it was saved with,
+    and the one in the config then changes nothing."""
+    for group in session.optimizer.param_groups:
+        if isinstance(group.get("eps"), (int, float)):  # NB: not Adafactor's pair
+            group["eps"] = eps
 
 
 @applies(Change.ZERO_NONFINITE_WEIGHTS)
@@ -193,11 +206,20 @@ def origin_site(case: Case) -> OpSite | None:
     backward_of = case.evidence.backward_of
     name = backward_of.split(" ")[0] if first.phase == "backward" and backward_of else first.op
     fam, overflowed = family(name)[0], first.value in OVERFLOWED
+    scale = _of_a_scale(case, fam)
     library = next((f for f in first.frames if not f.user and not _torchs(f.file)), None)
     if library is not None:
-        return OpSite(fam, library.file, library.line, overflowed, library=True)
+        return OpSite(fam, library.file, library.line, overflowed, library=True, scale=scale)
     path, line = first.source.rpartition(":")[0], _line_of(first.source)
-    return OpSite(fam, os.path.realpath(path), line, overflowed)
+    return OpSite(fam, os.path.realpath(path), line, overflowed, scale=scale)
+
+
+def _of_a_scale(case: Case, fam: str) -> bool:
+    """The origin is an exp, in the forward, of one value: a learnable scale (CLIP's
+    `logit_scale.exp()`), whose guard is a cap."""
+    inputs = case.evidence.inputs
+    forward = case.first.phase in ("forward", "loss")
+    return fam == "exp" and forward and len(inputs) == 1 and inputs[0].numel == 1
 
 
 def _torchs(shown: str) -> bool:
@@ -210,13 +232,34 @@ def _line_of(source: str) -> int:
     return int(line) if line.isdigit() else 0
 
 
-def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | None:
+@dataclass(frozen=True)
+class Unplayable:
+    """A fix that applies to this run but that no replay can show, and why (a clause)."""
+
+    why: str
+
+
+def _futile(site: OpSite, case: Case) -> bool:
+    """A guard that would only run in float32 an op that overflowed float32's range
+    already (or bfloat16's, the same): it would fail as the run did."""
+    float32 = safe_ops.family(site.family)[1] is safe_ops.Kind.FLOAT32
+    wide = case.first.dtype in ("float32", "bfloat16", "float64")
+    return float32 and site.overflowed and wide and not site.scale
+
+
+def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | Unplayable | None:
     """The replay `fix` asks for: its config change applied, its cause's patch attached,
     or the origin op guarded; None when it cannot be applied to this run."""
     if fix.guard:
         site = origin_site(case)
         if site is None:
             return None
+        if _futile(site, case):
+            return Unplayable(
+                f"the {site.family} overflowed {case.first.dtype}, so running it in float32 "
+                "changes nothing, and its argument has no bound nandoctor could choose for "
+                "you (only a learnable scale, one value, has one): rewrite it in log space"
+            )
         guard = OriginGuardPatch(site)
         return Plan(f"with {guard.describe}", loaded, patch=lambda: OriginGuardPatch(site))
     changed = Plan("", loaded) if fix.change is None else CHANGES[fix.change.name](case, loaded)
@@ -290,6 +333,9 @@ def check(
     for fix in fixes_for(FIXES.get(cause.id, ()), case.first.phase) if case is not None else []:
         replayed = plan(cause.id, fix, case, loaded)
         if replayed is None:
+            continue
+        if isinstance(replayed, Unplayable):  # NB: said only when no other fix ran
+            verdicts.append(Verdict(Replay.NOT_REPLAYED, f"not replayed: {replayed.why}", False))
             continue
         verdicts.append(_replay(replayed, case, loaded, deadline, resume))
         if verdicts[-1].replay is Replay.HELD:
