@@ -15,18 +15,13 @@ from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import Replay, rerank
 from nandoctor.causes.unit import GUARD_ORIGIN, Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.diagnose.plans import CHANGES, FROM_START, Plan, applies, origin_site, plan
 from nandoctor.diagnose.verify import (
-    CHANGES,
-    FROM_START,
-    Plan,
     Resume,
     Verdict,
     _behind_others,
     _loss_words,
-    applies,
     combined,
-    origin_site,
-    plan,
     run_plan,
     verify,
 )

@@ -3,7 +3,7 @@ user's code. Each is a `TorchFunctionMode` entered for the whole replay; `hits` 
 calls it rewrote, so a patch that found nothing to rewrite is not mistaken for a fix.
 
 Each is registered in `PATCHES` under the cause id whose fix it is (a cause's fix plan asks
-for it with `Fix(patch=True)`; diagnose/verify.py looks it up here), once:
+for it with `Fix(patch=True)`; diagnose/plans.py looks it up here), once:
 
 - `log-of-softmax`, `LogSoftmaxPatch`: `log(softmax(x))` becomes `log_softmax(x)`.
 - `fully-masked-softmax`, `FiniteMaskPatch`: `masked_fill(mask, -inf)` fills with the
