@@ -64,7 +64,7 @@ def session_of(project, loss: str, **precision) -> Session:
 
 def run(session: Session, *, store: bool = True):
     kept = SnapshotStore(session) if store else None
-    return fast_run(session, session.config.steps, store=kept)
+    return fast_run(session, session.config.steps, store=kept, recheck_skips=store)
 
 
 def count_rechecks(monkeypatch) -> list[int]:
@@ -136,7 +136,16 @@ def test_a_nan_the_scaler_skips_is_the_failure_at_its_own_step(project):
     assert failure.replay_scale == 1.0 and result.events == []
 
 
-def test_without_snapshots_a_skip_is_unchecked_and_only_a_collapse_fails(project):
+def test_a_run_given_no_store_keeps_its_own_and_rechecks_every_skip(project):
+    """A what-if replay keeps no snapshots for a localisation, but its skips are rechecked
+    all the same: a fix whose replay got past a NaN only because the scaler skipped it
+    is no fix (a plain run of the fixed config fails there)."""
+    session = session_of(project, "sqrt_loss")
+    result = fast_run(session, session.config.steps)
+    assert (result.failure.step, result.failure.hidden, result.events) == (0, True, [])
+
+
+def test_without_rechecks_a_skip_is_unchecked_and_only_a_collapse_fails(project):
     result = run(session_of(project, "sqrt_loss"), store=False)
     skips = [e for e in result.events if e.kind == "scaler-skip"]
     assert {e.reason for e in skips} == {"unchecked"}

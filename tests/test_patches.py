@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -157,6 +158,14 @@ def softplus_ish(z):
     return torch.exp(z)
 
 
+def scaled(scale, sims):
+    return scale.exp() * sims
+
+
+def masked_lm(logits, labels):
+    return torch.nn.functional.cross_entropy(logits, labels)
+
+
 class Amplify(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -263,6 +272,8 @@ def test_a_custom_autograd_function_at_the_line_runs_in_float32(user):
         ("torch.nn.functional.linear", "matmul", Kind.FLOAT32),
         ("aten.addmm.default", "matmul", Kind.FLOAT32),
         ("aten.exp.default", "exp", Kind.FLOAT32),
+        ("aten.nll_loss_forward.default", "nll_loss", Kind.MEAN_OVER_NONE),
+        ("torch.nn.functional.cross_entropy", "nll_loss", Kind.MEAN_OVER_NONE),
     ],
 )
 def test_ops_are_known_by_their_family(name, family, kind):
@@ -287,6 +298,47 @@ def test_xlogys_second_input_is_floored_so_its_gradient_at_0_over_0_is_finite():
     assert safe_ops.family("torch.xlogy") == ("xlogy", safe_ops.Kind.OTHER_FLOOR)
     safe_ops.safe_call(torch.xlogy, "torch.xlogy", (p, p), {}).sum().backward()
     assert torch.isfinite(p.grad).all()  # torch.xlogy(p, p) itself: NaN at 0
+
+
+def test_a_mean_over_no_target_is_0_and_any_other_mean_is_as_it_was(user):
+    """A masked-LM batch with nothing masked: every label is ignore_index, and the mean
+    cross-entropy over none is 0/0. Guarded, it is the sum over the targets counted (at
+    least 1): 0 with zero gradients, and the mean itself wherever a target is left."""
+    logits = torch.randn(6, 5, requires_grad=True)
+    none = torch.full((6,), -100)
+    assert user.masked_lm(logits, none).isnan()
+    site = user.site("cross_entropy(logits, labels)", "nll_loss")
+    with OriginGuardPatch(site) as patch:
+        loss = user.masked_lm(logits, none)
+        loss.backward()
+        some = torch.tensor([1, -100, 3, -100, 0, 2])
+        kept = user.masked_lm(logits, some)
+    assert loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros(6, 5)) and patch.hits == 2
+    torch.testing.assert_close(kept, torch.nn.functional.cross_entropy(logits, some))
+    assert patch.describe.endswith("guarded (a mean over no target taken as 0)")
+    weight = torch.tensor([1.0, 2.0, 0.5, 1.0, 3.0])
+    weighted = safe_ops.mean_over_some(
+        torch.nn.functional.cross_entropy, (logits, some), {"weight": weight}
+    )
+    plain = torch.nn.functional.cross_entropy(logits, some, weight=weight)
+    torch.testing.assert_close(weighted, plain)
+
+
+def test_an_exp_of_a_learnable_scale_is_capped_where_clip_caps_it(user):
+    """float32 bounds no exponent past 88.7: CLIP's logit scale is capped at ln(100)."""
+    scale = torch.nn.Parameter(torch.tensor(91.8))
+    sims = torch.tensor([0.5, -0.25])
+    assert user.scaled(scale, sims).isinf().all()
+    site = replace(user.site("scale.exp()", "exp", overflowed=True), scale=True)
+    with OriginGuardPatch(site) as patch:
+        capped = user.scaled(scale, sims)
+        capped.sum().backward()
+        others = user.scaled(torch.tensor([1.0, 2.0]), sims)  # no learnable scale: float32
+    torch.testing.assert_close(capped, 100.0 * sims)
+    assert scale.grad == 0.0 and torch.isfinite(others).all() and patch.hits == 2
+    assert patch.describe.endswith(
+        "guarded (its learnable scale capped at ln(100), as CLIP caps its logit scale)"
+    )
 
 
 LIBRARY_PY = """

@@ -15,18 +15,13 @@ from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import Replay, rerank
 from nandoctor.causes.unit import GUARD_ORIGIN, Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
+from nandoctor.diagnose.plans import CHANGES, FROM_START, Plan, applies, origin_site, plan
 from nandoctor.diagnose.verify import (
-    CHANGES,
-    FROM_START,
-    Plan,
     Resume,
     Verdict,
     _behind_others,
     _loss_words,
-    applies,
     combined,
-    origin_site,
-    plan,
     run_plan,
     verify,
 )
@@ -241,6 +236,17 @@ def test_a_held_fix_whose_run_ended_far_above_another_held_fixs_trails_it():
     ]
     near = Verdict(Replay.HELD, "...", end=90.0)  # under 10x the best: no judgement made
     assert [r for _, r in _behind_others([(fp16, near), (lr, ahead)])] == [Replay.HELD] * 2
+
+
+def test_held_fixes_whose_losses_end_at_or_below_zero_are_not_weighed_by_a_ratio():
+    """A Gaussian's negative log-likelihood: -0.1 is not "0.25x above" -0.4, and no ratio
+    of the two says which fix trains better."""
+    deeper = Verdict(Replay.HELD, "with a, ...; the loss fell from 1 to -0.4", end=-0.4)
+    shallower = Verdict(Replay.HELD, "with b, ...; the loss fell from 1 to -0.1", end=-0.1)
+    pairs = [(cause("fp16-overflow", 0.75), shallower), (cause("exploding-gradients", 0.5), deeper)]
+    weighed = _behind_others(pairs)
+    assert [r for _, r in weighed] == [Replay.HELD, Replay.HELD]
+    assert [c.verification for c, _ in weighed] == [None, None]
 
 
 def test_reranking_is_deterministic_and_keeps_the_rules_order_on_ties():

@@ -9,7 +9,7 @@ runs the rules; `words.py` holds what the rules share.
 
 Adding a cause: add its id to SPEC.md and tests/test_catalog.py; write its module (text,
 rule, `FIXES`, `CAUSE`); put its `CAUSE` in `index.CAUSES`; if it has a fix nandoctor can
-apply, name a `Change` (and teach diagnose/verify.py to apply a new one) or register a
+apply, name a `Change` (and teach diagnose/plans.py to apply a new one) or register a
 math patch for the id in runtime/patches.py; a lint check goes in lint/checks/; then
 regenerate docs/causes.md (`python -m nandoctor.docgen.causes > docs/causes.md`).
 

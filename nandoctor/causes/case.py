@@ -82,9 +82,9 @@ class Case:
     evidence: Evidence
     trends: Trends
     facts: RunFacts
-    # the original run's loss at its last finite steps (before the failing one), which a
-    # what-if replay's loss is held against: a fix must not stop the run learning
-    reference_loss: float | None = None
+    # the original run's (step, loss) before the failing step, which a what-if replay's
+    # losses are measured against: a fix must not stop the run learning
+    losses: tuple[tuple[int, float], ...] = ()
     # the non-finite values the replay saw heal before the failure (report.transients)
     transients: tuple[Transient, ...] = ()
     # the run's loss at the failing step, as the run recorded it (None: not recorded)

@@ -3,7 +3,8 @@
 Read from the telemetry: the gradient norm's growth, which diverged first (the gradients
 or the loss, which tells this cause from learning-rate-too-high), skipped scaler steps and
 whether clipping is on. The what-if replays the run with `unscale_` then
-`clip_grad_norm_(1.0)`.
+`clip_grad_norm_(1.0)`; for gradients that overflowed inside the backward, where no clip
+can act, with a 10x smaller learning rate, then with bfloat16.
 """
 
 from __future__ import annotations
@@ -132,6 +133,13 @@ def _divided_by_zero(case: Case) -> bool:
     return divisor is not None and divisor.zeros > 0
 
 
-FIXES = (Fix(change=Change.CLIP_GRAD_NORM),)
+# NB: clipping acts after the backward: gradients that overflow inside it (its phase) are
+# kept bounded at their source, by a smaller rate or by float32's range
+_INSIDE_THE_BACKWARD = frozenset({"backward"})
+FIXES = (
+    Fix(change=Change.CLIP_GRAD_NORM),
+    Fix(change=Change.SMALLER_LR, phases=_INSIDE_THE_BACKWARD),
+    Fix(change=Change.BFLOAT16, phases=_INSIDE_THE_BACKWARD),
+)
 
 CAUSE = CauseUnit(INFO, rule=exploding_gradients, fixes=FIXES)

@@ -10,8 +10,12 @@ training-dynamics causes name that growth from the telemetry (on the exploding-g
 and learning-rate-too-high examples a product overflows), so it is not claimed here,
 unless nothing could have grown: at the run's first step, inputs already past 1e30 (a
 VAE's exp(logvar) of pixels never normalised: 3e36 in the backward of step 0) are the
-formula's or the data's. No what-if: the fix rewrites the formula, which nandoctor cannot
-do for the user.
+formula's or the data's.
+
+The what-if guards the origin op, which only helps an exp of a learnable scale (one value,
+CLIP's `logit_scale.exp()`): capped at ln(100), as CLIP's training caps it. For any other
+exponent the fix rewrites the formula, which nandoctor cannot do for the user, and the
+report says so (float32 changes nothing for an op that overflowed float32).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import math
 
 from nandoctor.causes.case import Case
-from nandoctor.causes.unit import CauseUnit, Hit, entry
+from nandoctor.causes.unit import GUARD_ORIGIN, CauseUnit, Hit, entry
 from nandoctor.causes.words import OVERFLOWED, num, where
 
 ID = "float32-overflow"
@@ -116,4 +120,4 @@ def _past_float32_too(case: Case) -> bool:
     return case.first.dtype == "float16" and recompute is not None and not recompute.finite
 
 
-CAUSE = CauseUnit(INFO, rule=float32_overflow)
+CAUSE = CauseUnit(INFO, rule=float32_overflow, fixes=(GUARD_ORIGIN,))

@@ -65,7 +65,7 @@ Rule = Callable[[Case], Hit | None]
 
 class Change(str, Enum):
     """A change to the run's config that a what-if replay can make; the value says what it
-    does (docs/causes.md shows it). diagnose/verify.py holds how each is applied, and when
+    does (docs/causes.md shows it). diagnose/plans.py holds how each is applied, and when
     it cannot be (a bfloat16 switch needs a float16 run, a smaller lr a numeric `lr`)."""
 
     BFLOAT16 = "bfloat16 autocast instead of float16"

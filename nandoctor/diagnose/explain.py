@@ -10,7 +10,6 @@ from __future__ import annotations
 from nandoctor.causes.case import Case, RunFacts
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose.assemble import evidence_of, first_nonfinite
-from nandoctor.diagnose.learning import reference_loss
 from nandoctor.localize.replay import Localization
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.trends import trends_of
@@ -26,15 +25,15 @@ def case_of(result: RunResult, located: Localization | None, facts: RunFacts) ->
         return None
     evidence = evidence_of(located) or Evidence()
     trends = trends_of(result.telemetry, result.events)
-    reference = reference_loss(_losses_before(result, first.step))
+    before = _losses_before(result, first.step)
     healed = tuple(located.transients) if located is not None else ()
-    return Case(first, evidence, trends, facts, reference, healed, _loss_at(result, first.step))
+    return Case(first, evidence, trends, facts, before, healed, _loss_at(result, first.step))
 
 
-def _losses_before(result: RunResult, step: int) -> list[float]:
-    """The original run's losses at the steps before the failing one."""
+def _losses_before(result: RunResult, step: int) -> tuple[tuple[int, float], ...]:
+    """The original run's (step, loss) at the steps before the failing one."""
     t = result.telemetry
-    return [loss for s, loss in zip(t.step, t.loss, strict=False) if s < step]
+    return tuple((s, loss) for s, loss in zip(t.step, t.loss, strict=False) if s < step)
 
 
 def _loss_at(result: RunResult, step: int) -> float | None:

@@ -4,75 +4,58 @@ Which fixes apply to a cause is data in the cause's module (`FIXES` there, gathe
 `causes.index.FIXES`): a config change (`Change`: bfloat16, clipping, a 10x smaller
 learning rate, a usable optimizer epsilon, skipping non-finite batches, zeroing the loaded
 weights' non-finite entries), its math patch (registered under its id in
-`runtime/patches.py`), or the guard of the origin op (`OriginGuardPatch`, made here from
-the op and source line the replay named). This module is the engine: how each change is
-applied (`CHANGES`), and the replay.
+`runtime/patches.py`), or the guard of the origin op (`OriginGuardPatch`). How each is
+turned into a replay of this run is plans.py (`plan`); this module is the engine: the
+replay, and its verdict. A fix that no replay can show says why ("not replayed: ...").
 
 A replay **resumes from the newest snapshot before the failure**, as a user resumes from a
 checkpoint with the fix applied: a fresh session of the fixed config gets the snapshot's
 weights, optimizer state, loss scale, scheduler and RNG states, skips the batches before
 it (the stream draws its own randomness, so they are the batches the run saw) and runs
 **past the failing step by `MIN_HORIZON` steps**. Its cost follows the horizon, not the
-steps to the failure. Fixes whose effect builds up over the whole run (`FROM_START`: a
-smaller learning rate, weights zeroed when loaded) are replayed from the run's start
-instead (the same seed, or the checkpoint), past the failing step by a quarter of the
-steps to it (at least 32); so is a fix refuted from the snapshot, when the time budget
-allows, since what broke may have begun before the snapshot. The sentence says from which
-step the fix was applied.
+steps to the failure. Fixes whose effect builds up over the whole run (`FROM_START`:
+weights zeroed when loaded) are replayed from the run's start instead (the same seed, or
+the checkpoint), past the failing step by a quarter of the steps to it (at least 32); so
+is a fix refuted from the snapshot, when the time budget allows, since what broke may have
+begun before the snapshot. The sentence says from which step the fix was applied.
 
-Surviving the horizon *and still learning* (learning.py) verifies the fix; staying finite
-without learning, or failing anywhere, does not, with the reason; a fix that could not be
-applied (nothing to rewrite) gives way to the cause's next one; running out of the time
-budget leaves it unverified. `verify_all` then re-ranks the causes by what their replays
-showed (`causes.ranking.rerank`).
+A replay is judged as the run is (the same sentinel and judge: each GradScaler skip
+rechecked at loss scale 1, so a NaN the scaler hid is a failure there too). Surviving the
+horizon *and still learning* (learning.py) verifies the fix; staying finite without
+learning, or failing anywhere, does not, with the reason; a fix that could not be applied
+(nothing to rewrite) gives way to the cause's next one; running out of the time budget
+leaves it unverified. `verify_all` then re-ranks the causes by what their replays showed
+(`causes.ranking.rerank`).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
-
-import torch
 
 from nandoctor.causes.case import Case
 from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import FAR_BEHIND, Replay, rerank
-from nandoctor.causes.unit import Change, Fix, fixes_for
-from nandoctor.causes.words import OVERFLOWED, num, plural
-from nandoctor.diagnose.learning import learning_of
+from nandoctor.causes.unit import fixes_for
+from nandoctor.causes.words import num, plural
+from nandoctor.diagnose.learning import learning_of, reference_loss
+from nandoctor.diagnose.plans import Plan, Unplayable, plan
 from nandoctor.errors import NandoctorError, out_of_memory
-from nandoctor.registry import Registry
 from nandoctor.report.types import Cause
 from nandoctor.runtime.fast_run import fast_run
-from nandoctor.runtime.patches import PATCHES, MathPatch, OpSite, OriginGuardPatch
+from nandoctor.runtime.patches import MathPatch
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.safe_ops import family
+from nandoctor.runtime.sentinel import Verdict as StepVerdict
 from nandoctor.runtime.snapshot import StateSnapshot
 from nandoctor.runtime.tensors import host_copy
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
 MIN_HORIZON = 32
-# NB: loaded weights are zeroed as they are loaded: that fix is replayed from the run's start
-FROM_START = frozenset({Change.ZERO_NONFINITE_WEIGHTS})
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One fix to replay: a changed config, a patch or input filter, a change to the
-    session once built (`prepare`: the loaded weights' non-finite entries zeroed)."""
-
-    describe: str
-    loaded: LoadedConfig
-    patch: Callable[[], MathPatch] | None = None
-    skip_nonfinite_batches: bool = False
-    prepare: Callable[[Session], None] | None = None
-    from_start: bool = False  # its effect needs the whole history: never resumed
 
 
 @dataclass(frozen=True)
@@ -87,145 +70,6 @@ class Verdict:
     @property
     def verified(self) -> bool | None:
         return {Replay.HELD: True, Replay.NOT_REPLAYED: None}.get(self.replay, False)
-
-
-Applier = Callable[[Case, LoadedConfig], Plan | None]
-CHANGES: Registry[Applier] = Registry("config change")
-
-
-def applies(change: Change) -> Callable[[Applier], Applier]:
-    """Register how `change` is applied: the plan, or None where it cannot be."""
-
-    def register(fn: Applier) -> Applier:
-        CHANGES.add(change.name, fn, by=f"{fn.__module__}.{fn.__qualname__}")
-        return fn
-
-    return register
-
-
-@applies(Change.BFLOAT16)
-def _bfloat16(case: Case, loaded: LoadedConfig) -> Plan | None:
-    if case.facts.dtype != "float16":
-        return None
-    return Plan(
-        "with bfloat16 autocast instead of float16", loaded.with_overrides(dtype="bfloat16")
-    )
-
-
-@applies(Change.CLIP_GRAD_NORM)
-def _clip(case: Case, loaded: LoadedConfig) -> Plan | None:
-    clip = loaded.config.clip_grad_norm
-    if clip is not None and clip <= 1.0:
-        return None
-    return Plan(
-        "with unscale_ then clip_grad_norm_(1.0)", loaded.with_overrides(clip_grad_norm=1.0)
-    )
-
-
-@applies(Change.SMALLER_LR)
-def _smaller_lr(case: Case, loaded: LoadedConfig) -> Plan | None:
-    """The config's lr / 10: with a scheduler that multiplies it, the rate in effect at
-    every step is 10x smaller too; the sentence quotes the rate in effect when known."""
-    optimizer = loaded.config.optimizer
-    lr = optimizer.kwargs.get("lr")
-    if not isinstance(lr, (int, float)):
-        return None
-    smaller = optimizer.model_copy(update={"lr": lr / 10})
-    effect, step = case.facts.lr, case.first.step
-    if effect is not None and not _close(effect, lr):
-        what = f"{effect / 10:g} in effect at step {step}, instead of {effect:g}"
-    else:
-        what = f"{lr / 10:g}"
-    return Plan(
-        f"with a 10x smaller learning rate ({what})", loaded.with_overrides(optimizer=smaller)
-    )
-
-
-@applies(Change.SKIP_NONFINITE_BATCHES)
-def _filter_inputs(case: Case, loaded: LoadedConfig) -> Plan | None:
-    return Plan("with batches holding NaN or inf skipped", loaded, skip_nonfinite_batches=True)
-
-
-@applies(Change.OPTIMIZER_EPS)
-def _optimizer_eps(case: Case, loaded: LoadedConfig) -> Plan | None:
-    optimizer = loaded.config.optimizer
-    if optimizer.name is None:
-        return None
-    eps = max(1e-8, float(torch.finfo(getattr(torch, case.facts.param_dtype)).tiny))
-    raised = optimizer.model_copy(update={"eps": eps})
-    return Plan(
-        f"with the optimizer's eps raised to {eps:g}", loaded.with_overrides(optimizer=raised)
-    )
-
-
-@applies(Change.ZERO_NONFINITE_WEIGHTS)
-def _zero_weights(case: Case, loaded: LoadedConfig) -> Plan | None:
-    if loaded.config.checkpoint is None:
-        return None  # NB: weights that went bad during the run are not "loaded" ones
-    return Plan(
-        "with the non-finite entries of the loaded weights and optimizer state zeroed",
-        loaded,
-        prepare=zero_nonfinite,
-    )
-
-
-def zero_nonfinite(session: Session) -> None:
-    """Zero every NaN and inf in the session's weights, buffers and optimizer state."""
-    with torch.no_grad():
-        for t in [*session.model.parameters(), *session.model.buffers()]:
-            if t.is_floating_point():
-                t.nan_to_num_(0.0, 0.0, 0.0)
-        for state in session.optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
-                    value.nan_to_num_(0.0, 0.0, 0.0)
-
-
-def origin_site(case: Case) -> OpSite | None:
-    """Where the origin op ran, as the guard needs it: its family (the forward function's,
-    for a failure in a backward), and its line: that of the library file it ran in when
-    the report shows one past torch's own (a transformers modeling file), else the
-    user's; None when the replay named no op or no user line."""
-    first = case.first
-    if first.op is None or not first.source or not _line_of(first.source):
-        return None
-    backward_of = case.evidence.backward_of
-    name = backward_of.split(" ")[0] if first.phase == "backward" and backward_of else first.op
-    fam, overflowed = family(name)[0], first.value in OVERFLOWED
-    library = next((f for f in first.frames if not f.user and not _torchs(f.file)), None)
-    if library is not None:
-        return OpSite(fam, library.file, library.line, overflowed, library=True)
-    path, line = first.source.rpartition(":")[0], _line_of(first.source)
-    return OpSite(fam, os.path.realpath(path), line, overflowed)
-
-
-def _torchs(shown: str) -> bool:
-    """A frame of torch's own (`F.softmax`'s body): every softmax passes through it."""
-    return shown.split("/", 1)[0] == "torch"
-
-
-def _line_of(source: str) -> int:
-    line = source.rpartition(":")[2]
-    return int(line) if line.isdigit() else 0
-
-
-def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | None:
-    """The replay `fix` asks for: its config change applied, its cause's patch attached,
-    or the origin op guarded; None when it cannot be applied to this run."""
-    if fix.guard:
-        site = origin_site(case)
-        if site is None:
-            return None
-        guard = OriginGuardPatch(site)
-        return Plan(f"with {guard.describe}", loaded, patch=lambda: OriginGuardPatch(site))
-    changed = Plan("", loaded) if fix.change is None else CHANGES[fix.change.name](case, loaded)
-    if changed is not None and fix.change in FROM_START:
-        changed = replace(changed, from_start=True)
-    if changed is None or not fix.patch:
-        return changed
-    patch = PATCHES[cause_id]
-    words = f"{changed.describe} and" if changed.describe else "with"
-    return replace(changed, describe=f"{words} {patch.describe}", patch=patch)
 
 
 def verify_all(
@@ -244,8 +88,10 @@ def verify_all(
 def _behind_others(checked: list[tuple[Cause, Verdict]]) -> list[tuple[Cause, Replay]]:
     """The replays as `rerank` weighs them: a fix that held, but whose run ended
     `FAR_BEHIND` times above another held fix's, trails it (a bfloat16 switch that keeps
-    a run finite whose learning rate is 10x too high, beside the smaller rate)."""
-    ends = [v.end if v.replay is Replay.HELD and v.end else None for _, v in checked]
+    a run finite whose learning rate is 10x too high, beside the smaller rate). A ratio
+    says that only of positive losses: a loss that reaches 0 or below (a Gaussian's
+    log-likelihood) is never weighed so."""
+    ends = [v.end if v.replay is Replay.HELD and (v.end or 0) > 0 else None for _, v in checked]
     held = [(end, cause) for end, (cause, _) in zip(ends, checked, strict=True) if end]
     if not held:
         return [(cause, verdict.replay) for cause, verdict in checked]
@@ -287,6 +133,9 @@ def check(
     for fix in fixes_for(FIXES.get(cause.id, ()), case.first.phase) if case is not None else []:
         replayed = plan(cause.id, fix, case, loaded)
         if replayed is None:
+            continue
+        if isinstance(replayed, Unplayable):  # NB: said only when no other fix ran
+            verdicts.append(Verdict(Replay.NOT_REPLAYED, f"not replayed: {replayed.why}", False))
             continue
         verdicts.append(_replay(replayed, case, loaded, deadline, resume))
         if verdicts[-1].replay is Replay.HELD:
@@ -429,12 +278,7 @@ def _judge(
     where = f"applied from step {result.start_step}"
     fixed = f"{plan.describe}, {where}{' (resumed from a snapshot)' if resumed else ''}"
     if result.failure is not None:
-        f = result.failure
-        # NB: a replay's sentinel leaves the model's output to the loss (not `thorough`): a
-        # NaN the forward made shows in the loss, as diagnosing it would place in forward
-        phase = "forward or loss" if f.phase is Phase.LOSS else (f.phase.value if f.phase else "?")
-        why = f"{fixed}, the run still went non-finite at step {f.step} (phase {phase})"
-        return Verdict(Replay.REFUTED, why)
+        return Verdict(Replay.REFUTED, f"{fixed}, {_still_failed(result.failure, case)}")
     finite = f"{result.steps_run}/{steps} steps stayed finite, to step {target}"
     skipped = sum(e.kind == "skipped-batch" for e in result.events)
     if skipped:  # NB: not "33/38 stayed finite": the other 5 did not fail, they never ran
@@ -447,13 +291,31 @@ def _judge(
             "is in most batches, so dropping them is no fix (find where it comes from)"
         )
         return Verdict(Replay.STOPPED_LEARNING, why)
-    learning = learning_of(result.telemetry.loss, case.reference_loss, resumed=resumed)
+    t = result.telemetry
+    learning = learning_of(list(zip(t.step, t.loss, strict=True)), case.losses, resumed=resumed)
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
         return Verdict(Replay.STOPPED_LEARNING, why)
-    loss = _loss_words(learning.start, learning.end, case.reference_loss)
+    loss = _loss_words(learning.start, learning.end, reference_loss(case.losses))
     held = f"{fixed}, {finite}, past the failing step {case.first.step}{loss}"
     return Verdict(Replay.HELD, held, end=learning.end)
+
+
+def _still_failed(f: StepVerdict, case: Case) -> str:
+    """Where and how the fixed run failed all the same, as a clause. A NaN the scaler
+    skipped is named as such: the replay got past that step only in the sense a plain
+    run of the fixed config would not (its gradients are non-finite at loss scale 1)."""
+    if f.hidden:
+        again = f.step == case.first.step and case.first.phase == Phase.BACKWARD.value
+        same = "the same NaN" if again else "a NaN"
+        return (
+            f"the scaler hid {same} at step {f.step}: it skipped the step, but its gradients "
+            "are non-finite at loss scale 1 too"
+        )
+    # NB: a replay's sentinel leaves the model's output to the loss (not `thorough`): a
+    # NaN the forward made shows in the loss, as diagnosing it would place in forward
+    phase = "forward or loss" if f.phase is Phase.LOSS else (f.phase.value if f.phase else "?")
+    return f"the run still went non-finite at step {f.step} (phase {phase})"
 
 
 def _loss_words(start: float | None, end: float | None, reference: float | None) -> str:
@@ -467,7 +329,3 @@ def _loss_words(start: float | None, end: float | None, reference: float | None)
     if reference is not None:
         return f"; the loss held at {b} (the original run's was {reference:.3g})"
     return f"; the loss went from {a} to {b}"
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))

@@ -37,13 +37,17 @@ def fast_run(
     batches: Iterable[tuple[int, Any]] | None = None,
     user_exit_ends_run: bool = False,
     peer_hang_ends_run: bool = False,
+    recheck_skips: bool = True,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
     With a `store`, each step's batch and (by its policy) state are kept first, so that
     the bad step can be replayed; a streak of scaler skips pins the snapshot of its start,
-    and each skip is rechecked at loss scale 1 (`runtime.recheck`). Without one, skips
-    are unchecked: only a streak that collapses the scale fails.
+    and each skip is rechecked at loss scale 1 (`runtime.recheck`). Without one, a run
+    with a GradScaler keeps its own for the rechecks: every run is judged as `diagnose`
+    judges its own (a what-if replay that got past the failing step only because the
+    scaler skipped the same NaN is no fix). `recheck_skips=False` leaves the skips
+    unchecked (only a streak that collapses the scale fails), for the tests that compare.
     Past `deadline` (a `time.perf_counter()` value) the run stops with status "timeout".
     `skip_nonfinite_batches` drops batches holding NaN or inf (the input-filtering fix).
     `batches` replaces the session's stream (a run resumed from a snapshot starts later).
@@ -56,6 +60,8 @@ def fast_run(
     rank that hung (it stopped answering the collectives: its data, its model).
     """
     result = RunResult("healthy", session.start_step, 0)
+    if store is None and recheck_skips and session.scaler is not None:
+        store = snapshot_store(session)  # NB: no scaler, no skip to recheck
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
     sentinel = Sentinel(session, ranks=session.ranks, thorough=thorough, recheck=recheck)
     recorder = Recorder(result, store=store, on_step=on_step)

@@ -3,7 +3,7 @@ user's code. Each is a `TorchFunctionMode` entered for the whole replay; `hits` 
 calls it rewrote, so a patch that found nothing to rewrite is not mistaken for a fix.
 
 Each is registered in `PATCHES` under the cause id whose fix it is (a cause's fix plan asks
-for it with `Fix(patch=True)`; diagnose/verify.py looks it up here), once:
+for it with `Fix(patch=True)`; diagnose/plans.py looks it up here), once:
 
 - `log-of-softmax`, `LogSoftmaxPatch`: `log(softmax(x))` becomes `log_softmax(x)`.
 - `fully-masked-softmax`, `FiniteMaskPatch`: `masked_fill(mask, -inf)` fills with the
@@ -192,13 +192,15 @@ class OpSite:
     file), that library's line (`file` then as the report shows it, from the package:
     "transformers/models/gpt2/modeling_gpt2.py"), so that only that op is guarded and not
     every op of its family the user's `model(...)` line runs. `overflowed`: running it in
-    float32 is then a guard."""
+    float32 is then a guard. `scale`: the op is an exp of one value (a learnable scale,
+    CLIP's `logit_scale.exp()`), which the guard caps (`safe_ops.capped_scale`)."""
 
     family: str
     file: str
     line: int
     overflowed: bool = False
     library: bool = False
+    scale: bool = False
 
 
 class OriginGuardPatch(MathPatch):
@@ -218,6 +220,8 @@ class OriginGuardPatch(MathPatch):
         return f"the {self.site.family} at {name}:{self.site.line} guarded ({self._how()})"
 
     def _how(self) -> str:
+        if self.site.scale:
+            return safe_ops.SCALE_CAPPED
         kind = safe_ops.family(self.site.family)[1]
         return safe_ops.Kind.FLOAT32.value if kind is safe_ops.Kind.POW else kind.value
 
@@ -239,6 +243,9 @@ class OriginGuardPatch(MathPatch):
         fam, kind = safe_ops.family(name)
         if fam != self.site.family or not self._at_site():
             return func(*args, **kwargs)
+        if self.site.scale and args and safe_ops.is_scale(args[0]):
+            self.hits += 1
+            return safe_ops.capped_scale(func, args, kwargs)
         if kind is safe_ops.Kind.FLOAT32 and not self.float32:
             return func(*args, **kwargs)
         if kind is safe_ops.Kind.FLOAT32 and safe_ops.in_place(name):

@@ -14,7 +14,11 @@ chosen so that the value *and* its gradient stay finite, the way a user would fi
 | unit | acos, asin, atanh | the input clamped into [-1 + eps, 1 - eps] |
 | other floored | xlogy, x * log(y) | y clamped to the dtype's smallest normal (x / y: 0/0) |
 | pow | pow, `x ** p` | a root (0 < p < 1): floor; a negative power: away from 0; else float32 |
+| mean over none | cross_entropy, nll_loss (means) | their sum over the targets counted (>= 1) |
 | float32 | exp, matmul, linear, any other op | run in float32, autocast off |
+
+An exp of one learnable value (CLIP's `logit_scale.exp()`) is capped instead: float32 bounds
+no exponent that grows past 88.7 (`capped_scale`).
 
 The clamps are differentiable (a clamped entry gets a zero gradient, never inf * 0), so the
 backward of a guarded sqrt at 0 is as finite as its forward. Nothing here knows about
@@ -24,6 +28,8 @@ causes or reports.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import math
 from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Any
@@ -39,6 +45,7 @@ class Kind(str, Enum):
     UNIT = "input clamped into (-1, 1)"
     POW = "base kept in the power's domain"
     OTHER_FLOOR = "second input clamped to the smallest normal number"
+    MEAN_OVER_NONE = "a mean over no target taken as 0"
     FLOAT32 = "run in float32"
 
 
@@ -60,8 +67,18 @@ _TABLE: dict[str, tuple[str, Kind]] = {
         ("mm", "bmm", "addmm", "matmul", "__matmul__", "linear", "baddbmm", "addbmm"),
         ("matmul", Kind.FLOAT32),
     ),
+    # NB: aten's names (the report's op) and the Python calls the guard meets (F.cross_entropy
+    # is log_softmax then nll_loss; a library calls it, not aten's op)
+    **dict.fromkeys(
+        ("cross_entropy", "nll_loss", "nll_loss_forward", "nll_loss2d_forward", "nll_loss_nd"),
+        ("nll_loss", Kind.MEAN_OVER_NONE),
+    ),
 }
 _OVERFLOWING = frozenset({"exp", "exp2", "expm1", "pow"})  # float32 guards them in any case
+# A learnable scale that an exp reads (CLIP's `logit_scale.exp()`) is capped where CLIP's
+# training caps it, at a scale of 100: float32 bounds no exponent that grows past 88.7
+SCALE_CAP = math.log(100.0)
+SCALE_CAPPED = "its learnable scale capped at ln(100), as CLIP caps its logit scale"
 
 
 def base_name(name: str) -> str:
@@ -99,6 +116,8 @@ def safe_call(func: Callable, name: str, args: tuple, kwargs: dict) -> Any:
         kind = _pow_kind(args, kwargs)
     if kind is Kind.FLOAT32:
         return in_float32(func, args, kwargs)
+    if kind is Kind.MEAN_OVER_NONE:
+        return mean_over_some(func, args, kwargs)
     if kind in _SECOND:
         second = _SECOND[kind]
         if len(args) > 1 and isinstance(args[1], torch.Tensor):
@@ -109,6 +128,42 @@ def safe_call(func: Callable, name: str, args: tuple, kwargs: dict) -> Any:
     x = args[0]
     safe = _SAFE[kind](x, in_place(name))
     return func(safe, *args[1:], **kwargs)
+
+
+def is_scale(x: Any) -> bool:
+    """A learnable scale: one value that training moves (a 0-dim parameter, or a view of
+    one), which an exp turns into a factor."""
+    return isinstance(x, torch.Tensor) and x.numel() == 1 and x.requires_grad
+
+
+def capped_scale(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """exp of the learnable scale `args[0]` clamped at SCALE_CAP (differentiable: above the
+    cap it gets no gradient, as `logit_scale.clamp(max=math.log(100)).exp()`)."""
+    return func(args[0].clamp(max=SCALE_CAP), *args[1:], **kwargs)
+
+
+def mean_over_some(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """A loss's mean over the targets it counts (not `ignore_index`; weighted by `weight`)
+    as its sum divided by that count held at 1 or more: a batch with no target to count (a
+    masked-LM batch with no masked token) gives 0 and zero gradients, not 0/0; any other
+    batch, the loss as it was. Called as written where it is not a mean over class
+    indices (another reduction, or probabilities as targets)."""
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return func(*args, **kwargs)
+    target, weight = bound.get("target"), bound.get("weight")
+    legacy = bound.get("size_average") is not None or bound.get("reduce") is not None
+    mean = bound.get("reduction", "mean") == "mean" and not legacy
+    if not mean or not isinstance(target, torch.Tensor) or target.is_floating_point():
+        return func(*args, **kwargs)
+    counted = target != bound.get("ignore_index", -100)
+    if isinstance(weight, torch.Tensor):
+        count = (weight[torch.where(counted, target, 0)] * counted).sum()
+    else:
+        count = counted.sum()
+    total = func(**{**bound, "reduction": "sum"})
+    return total / count.clamp_min(1).to(total.dtype)
 
 
 def away_from_zero(d: torch.Tensor) -> torch.Tensor:
