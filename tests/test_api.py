@@ -937,6 +937,41 @@ def test_guard_leaves_no_hook_or_patch_behind():
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_a_guarded_model_saves_whole_and_copies_as_it_would_unguarded(form):
+    """`torch.save(model)` mid-run pickled the guard's hook and everything it held
+    (TypeError), and `copy.deepcopy(model)` for an EMA copied it; the guard followed the
+    model through a hook on it. Now the saved model loads as the unguarded one, and the
+    EMA copy is a plain copy."""
+    model, optimizer, batches, train_step = tiny_loop()
+    twin = copy.deepcopy(model)
+    guard = Guard(model, optimizer)
+    saved, emas = [], []
+
+    def step_and_save(batch):
+        loss = train_step(batch)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)  # a script's checkpoint, as it goes
+        saved.append(buffer.getvalue())
+        emas.append(copy.deepcopy(model))
+        return loss
+
+    if form == "with":
+        with guard:
+            for batch in batches:
+                step_and_save(batch)
+    else:
+        guarded(guard, step_and_save, batches)
+    loaded = torch.load(io.BytesIO(saved[-1]), weights_only=False)
+    assert vars(loaded).keys() == vars(twin).keys()
+    assert not loaded._forward_pre_hooks and not loaded._forward_hooks
+    assert loaded.state_dict().keys() == twin.state_dict().keys()
+    twin.load_state_dict(loaded.state_dict())
+    pairs = zip(twin.parameters(), model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert all(not e._forward_pre_hooks and not e._forward_hooks for e in emas)
+
+
 WRONG_ARGUMENTS = {
     "no optimizer": (lambda m, o: Guard(m, None), "Guard: optimizer is None, expected"),
     "swapped": (lambda m, o: Guard(o, m), "Guard: model is a SGD, expected a torch.nn.Module"),
