@@ -290,6 +290,8 @@ class StepHooks:
             if self._sniff:
                 self._sniff = not self.run.note_inner_autocast()
             return
+        if self._compiles_the_given(module):
+            module = module._orig_mod  # NB: the model the guard was given, compiled by the loop
         if self._backward or not torch.is_grad_enabled() or not self._is_model(module):
             return
         known, undecided = self.run.model is not None, self.run.dtype is None
@@ -354,6 +356,11 @@ class StepHooks:
             ctx.output = None  # NB: the probe has queued its check; do not hold the graph
         if module is self.run.model and self._followed is None:
             self._follow(module)  # NB: its next calls come with their keyword inputs
+
+    def _compiles_the_given(self, module: nn.Module) -> bool:
+        """`module` is `torch.compile(model)` of the model given (not given compiled)."""
+        ids = self._model_ids
+        return ids is not None and id(module) not in ids and calls.compiled(module)
 
     def _is_model(self, module: nn.Module) -> bool:
         if self._model_ids is not None:
@@ -545,13 +552,16 @@ class StepHooks:
 
     def _model_not_called(self) -> None:
         """The step trained without a call of the model it was given: the loop calls
-        another module (a `torch.compile`d one, whose inner calls no hook sees, or an
-        unrelated one), so the step has no forward and, unless named, no batch. Said once."""
+        another module, or calls it inside a function compiled whole (`torch.compile(fn)`,
+        whose inner calls no hook sees), so the step has no forward and, unless named, no
+        batch. Said once. (A compiled module of the model, `torch.compile(model)`, is
+        followed as the model.)"""
         warnings.warn(
             f"nandoctor: step {self.step - 1} trained without calling the model the guard "
-            f"was given ({self._given}); give the guard the module your loop calls (with "
-            "torch.compile, the compiled one): it follows that module's calls and takes "
-            "their inputs as the batch",
+            f"was given ({self._given}); give the guard the module your loop calls: it "
+            "follows that module's calls and takes their inputs as the batch (inside a "
+            "function compiled whole, torch.compile(fn), no call is seen: compile the "
+            "model instead, torch.compile(model))",
             stacklevel=2,
         )
         self._given = None
