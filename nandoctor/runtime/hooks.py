@@ -291,7 +291,7 @@ class StepHooks:
                 self._sniff = not self.run.note_inner_autocast()
             return
         if self._compiles_the_given(module):
-            module = module._orig_mod  # NB: the model the guard was given, compiled by the loop
+            module = module.get_submodule("_orig_mod")  # NB: the model given, compiled
         if self._backward or not torch.is_grad_enabled() or not self._is_model(module):
             return
         known, undecided = self.run.model is not None, self.run.dtype is None
