@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -175,3 +176,49 @@ def test_shipped_healthy_configs_raise_no_divergence(config, seed, lr_scale):
     report = engine.diagnose(loaded, engine.DiagnoseOptions(verify=False))
     assert report.status == "healthy"
     assert [e for e in report.events if e.kind == "divergence"] == []
+
+
+THE_SAME_LOOP = """
+import sys
+import torch
+from train import build_data, build_model, loss
+
+model, data = build_model(), build_data()
+manual = sys.argv[1] == "manual"  # the update written by hand, as SGD makes it
+optimizer = None if manual else torch.optim.SGD(model.parameters(), lr=0.8)
+for step in range(40):
+    batch = data[step % len(data)]
+    model.zero_grad(set_to_none=True)
+    loss(model, batch).backward()
+    if manual:
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.8)
+    else:
+        optimizer.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_finite_explosion_is_the_same_divergence_whatever_drives_the_loop(
+    project, tmp_path, monkeypatch
+):
+    """`diagnose` on the config, and `watch` on the same loop written as a script, with
+    SGD and with its update by hand (no optimizer): one divergence, at one step, said in
+    each summary."""
+    config = project(regression(0.8), REGRESSION)
+    (tmp_path / "loop.py").write_text(THE_SAME_LOOP)
+    out = tmp_path / "r.json"
+    runner.invoke(app, ["diagnose", str(config), "-q", "--json", str(out)])
+    reports = {"diagnose": json.loads(out.read_text())}
+    monkeypatch.chdir(tmp_path)
+    for update in ("optimizer", "manual"):
+        command = ["watch", "-q", "--json", str(out), "--", sys.executable, "loop.py", update]
+        assert runner.invoke(app, command).exit_code == 0
+        reports[f"watch, {update}"] = json.loads(out.read_text())
+    events = {
+        name: [(e["step"], e["metric"]) for e in r["events"] if e["kind"] == "divergence"]
+        for name, r in reports.items()
+    }
+    assert events["diagnose"] and all(found == events["diagnose"] for found in events.values())
+    step = events["diagnose"][0][0]
+    assert all(f"but the loss diverged at step {step}" in r["summary"] for r in reports.values())
