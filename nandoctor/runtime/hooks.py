@@ -300,6 +300,8 @@ class StepHooks:
             self.on_model()
         if module is self.run.model and self._stepless_due():
             self._close()  # NB: the loop reset its gradients: the next step begins
+            if not self._attached:  # NB: the step's end took the hooks off (`--continue`)
+                return
         ctx = self._current()
         if ctx is None:
             return
