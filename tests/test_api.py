@@ -310,37 +310,31 @@ def test_weights_broken_between_steps_are_the_parameters_phase_in_both_forms(for
 
 @pytest.mark.parametrize("form", ["step", "with"])
 def test_a_guard_whose_model_the_loop_never_calls_says_so_once(form):
-    """`Guard(model)` on a loop that calls `torch.compile(model)`, whose inner calls no
-    hook sees: one warning names the module to give instead (the `with` form, which then
-    has no batch, reads a NaN batch as the loss). Given the compiled module, the same
-    loop is followed without a word, its NaN batch the input phase."""
+    """`Guard(model)` on a loop that runs the model inside a function compiled whole,
+    whose inner calls no hook sees: one warning says what to give instead (the `with`
+    form, which then has no batch, reads a NaN batch as the loss)."""
+    torch._dynamo.reset()  # NB: a cached graph, or eager fallback, from another test
+    model, optimizer, batches, _ = tiny_loop(nan_at=4)
+    forward = torch.compile(lambda x: model(x), backend="aot_eager")
 
-    def run(compiled_given: bool):
-        torch._dynamo.reset()  # NB: a cached graph, or eager fallback, from another test
-        model, optimizer, batches, _ = tiny_loop(nan_at=4)
-        compiled = torch.compile(model, backend="aot_eager")
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(forward(x), y).backward()
+        optimizer.step()
 
-        def train_step(batch):
-            x, y = batch
-            optimizer.zero_grad()
-            F.cross_entropy(compiled(x), y).backward()
-            optimizer.step()
-
-        guard = Guard(compiled if compiled_given else model, optimizer, raise_error=False)
-        watching = guard if form == "with" else contextlib.nullcontext()
-        with warnings.catch_warnings(record=True) as caught, watching:
-            warnings.simplefilter("always")
-            for batch in batches[:6]:
-                guard.step(train_step, batch) if form == "step" else train_step(batch)
-        assert guard.report is not None
-        said = [str(w.message) for w in caught if str(w.message).startswith("nandoctor")]
-        return guard.report.first_nonfinite.phase, said
-
-    phase, said = run(compiled_given=False)
+    guard = Guard(model, optimizer, raise_error=False)
+    watching = guard if form == "with" else contextlib.nullcontext()
+    with warnings.catch_warnings(record=True) as caught, watching:
+        warnings.simplefilter("always")
+        for batch in batches[:6]:
+            guard.step(train_step, batch) if form == "step" else train_step(batch)
+    assert guard.report is not None
+    said = [str(w.message) for w in caught if str(w.message).startswith("nandoctor")]
     assert len(said) == 1 and "step 0 trained without calling the model" in said[0]
-    assert "(Sequential)" in said[0] and "torch.compile" in said[0]
+    assert "(Sequential)" in said[0] and "torch.compile(model)" in said[0]
+    phase = guard.report.first_nonfinite.phase
     assert phase == ("input" if form == "step" else "loss")  # guard.step names its batch
-    assert run(compiled_given=True) == ("input", [])
 
 
 @pytest.mark.parametrize("order", ["G, D", "D, G"])
@@ -937,6 +931,70 @@ def test_guard_leaves_no_hook_or_patch_behind():
     assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
     assert len(nn_module._global_forward_hooks) == hooks
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_a_guarded_model_saves_whole_and_copies_as_it_would_unguarded(form):
+    """`torch.save(model)` mid-run pickled the guard's hook and everything it held
+    (TypeError), and `copy.deepcopy(model)` for an EMA copied it; the guard followed the
+    model through a hook on it. Now the saved model loads as the unguarded one, and the
+    EMA copy is a plain copy."""
+    model, optimizer, batches, train_step = tiny_loop()
+    twin = copy.deepcopy(model)
+    guard = Guard(model, optimizer)
+    saved, emas = [], []
+
+    def step_and_save(batch):
+        loss = train_step(batch)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)  # a script's checkpoint, as it goes
+        saved.append(buffer.getvalue())
+        emas.append(copy.deepcopy(model))
+        return loss
+
+    if form == "with":
+        with guard:
+            for batch in batches:
+                step_and_save(batch)
+    else:
+        guarded(guard, step_and_save, batches)
+    loaded = torch.load(io.BytesIO(saved[-1]), weights_only=False)
+    assert vars(loaded).keys() == vars(twin).keys()
+    assert not loaded._forward_pre_hooks and not loaded._forward_hooks
+    assert loaded.state_dict().keys() == twin.state_dict().keys()
+    twin.load_state_dict(loaded.state_dict())
+    pairs = zip(twin.parameters(), model.parameters(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    assert all(not e._forward_pre_hooks and not e._forward_hooks for e in emas)
+
+
+@pytest.mark.parametrize("given", ["model", "compiled"])
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_a_guard_follows_the_compiled_module_the_loop_calls(form, given, recwarn):
+    """The loop calls `torch.compile(model)`, the guard given either: the compiled
+    module's call is the forward and its arguments the batch (given the model, the guard
+    warned that the step trained without calling it, and a NaN batch read as phase
+    `loss`), and torch does not warn about the guard's hooks."""
+    model, optimizer, batches, _ = tiny_loop(nan_at=3)
+    compiled = torch.compile(model, backend="eager")
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(compiled(x), y).backward()
+        optimizer.step()
+
+    guard = Guard(model if given == "model" else compiled, optimizer)
+    with pytest.raises(NonFiniteError) as caught:
+        if form == "with":
+            with guard:
+                for batch in batches:
+                    train_step(batch)
+        else:
+            guarded(guard, train_step, batches)
+    first = caught.value.report.first_nonfinite
+    assert (first.step, first.phase) == (3, "input")
+    assert not [w for w in recwarn if "nandoctor" in str(w.message) or "hooks" in str(w.message)]
 
 
 WRONG_ARGUMENTS = {

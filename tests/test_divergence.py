@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -45,7 +46,7 @@ def test_noise_and_a_slow_trend_are_not_divergence(seed):
 
 
 def test_the_warmup_steps_are_never_judged():
-    values = [1e-3, 1e3, 1e-2, 5e2, *noisy(30)]  # a wild start
+    values = [1.0, 1e3, 1e-2, 5e2, *noisy(30)]  # a wild start, back where it began
     assert first_divergence(range(len(values)), values, "loss") is None
     assert WARMUP >= 4
 
@@ -60,8 +61,18 @@ def test_a_loss_that_diverges_at_once_and_stays_is_an_event_against_its_first_va
     assert first_divergence(range(len(values)), values, "grad_norm") is None  # loss only
 
 
+def test_a_language_models_loss_that_jumps_100x_at_step_1_and_stays_has_diverged():
+    """pytorch/examples' word_language_model, a Transformer under AdamW at its default
+    lr 20: 9.1, then 1.3e4 and ~5e3 from then on (550x its start; the gradient norm
+    0.76, then ~300). It printed no divergence: the rule asked for 10^4x."""
+    values = [9.1, 12864.3, 45634.7, 26767.2, 33133.6, 34291.9, 11098.4, 11493.4, 9080.3]
+    values += [v * 5e3 for v in noisy(40, spread=0.3)]
+    event = first_divergence(range(len(values)), values, "loss")
+    assert event is not None and (event.step, event.value, event.baseline) == (1, 12864.3, 9.1)
+
+
 def test_a_loss_that_leaves_its_start_by_less_or_comes_back_is_not_that():
-    assert first_divergence(range(40), [0.39, *(v * 1e3 for v in noisy(39))], "loss") is None
+    assert first_divergence(range(40), [0.39, *(v * 30 for v in noisy(39))], "loss") is None
     back = [0.39, 5.9e6, 1.7e8, 3e7, 1.0, *noisy(35)]  # a spike that heals in the warmup
     assert first_divergence(range(40), back, "loss") is None
     assert first_divergence(range(6), [0.39, 5.9e6, 1.7e8, 3e7, 2e7, 4e7], "loss") is None
@@ -125,6 +136,7 @@ def test_a_finite_explosion_carries_a_divergence_event_and_can_fail_ci(project, 
     (event,) = [e for e in report["events"] if e["kind"] == "divergence" and e["metric"] == "loss"]
     assert event["value"] >= MIN_RATIO * event["baseline"]
     assert f"loss diverged at step {event['step']}" in result.output
+    assert f"but the loss diverged at step {event['step']}" in report["summary"]
     assert ": HEALTHY\n" in result.output  # information only, by default
     junit, markdown = tmp_path / "r.xml", tmp_path / "r.md"
     reports = ("--junit", str(junit), "--markdown", str(markdown))
@@ -164,3 +176,49 @@ def test_shipped_healthy_configs_raise_no_divergence(config, seed, lr_scale):
     report = engine.diagnose(loaded, engine.DiagnoseOptions(verify=False))
     assert report.status == "healthy"
     assert [e for e in report.events if e.kind == "divergence"] == []
+
+
+THE_SAME_LOOP = """
+import sys
+import torch
+from train import build_data, build_model, loss
+
+model, data = build_model(), build_data()
+manual = sys.argv[1] == "manual"  # the update written by hand, as SGD makes it
+optimizer = None if manual else torch.optim.SGD(model.parameters(), lr=0.8)
+for step in range(40):
+    batch = data[step % len(data)]
+    model.zero_grad(set_to_none=True)
+    loss(model, batch).backward()
+    if manual:
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.8)
+    else:
+        optimizer.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_finite_explosion_is_the_same_divergence_whatever_drives_the_loop(
+    project, tmp_path, monkeypatch
+):
+    """`diagnose` on the config, and `watch` on the same loop written as a script, with
+    SGD and with its update by hand (no optimizer): one divergence, at one step, said in
+    each summary."""
+    config = project(regression(0.8), REGRESSION)
+    (tmp_path / "loop.py").write_text(THE_SAME_LOOP)
+    out = tmp_path / "r.json"
+    runner.invoke(app, ["diagnose", str(config), "-q", "--json", str(out)])
+    reports = {"diagnose": json.loads(out.read_text())}
+    monkeypatch.chdir(tmp_path)
+    for update in ("optimizer", "manual"):
+        command = ["watch", "-q", "--json", str(out), "--", sys.executable, "loop.py", update]
+        assert runner.invoke(app, command).exit_code == 0
+        reports[f"watch, {update}"] = json.loads(out.read_text())
+    events = {
+        name: [(e["step"], e["metric"]) for e in r["events"] if e["kind"] == "divergence"]
+        for name, r in reports.items()
+    }
+    assert events["diagnose"] and all(found == events["diagnose"] for found in events.values())
+    step = events["diagnose"][0][0]
+    assert all(f"but the loss diverged at step {step}" in r["summary"] for r in reports.values())

@@ -363,3 +363,120 @@ def test_a_clip_imported_by_name_before_the_hooks_is_seen():
         clip_grad_norm_(net.parameters(), 2.5)
         optimizer.step()
     assert run.clip_grad_norm == 2.5
+
+
+def as_saved(obj: object) -> bytes:
+    """`torch.save(obj)` into memory, as a script saves its whole model."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("light", [True, False])
+def test_a_followed_loop_leaves_its_objects_as_they_would_be_unwatched(light, monkeypatch):
+    """Nothing of nandoctor's is reachable from the loop's objects while it watches: the
+    model pickles (`torch.save(model, f)` raised "cannot pickle 'WeakIdRef' object"
+    under watch), deep-copies into an EMA without hooks, and shows the same hooks,
+    modules, parameters and state as an unwatched twin; the optimizer, scaler and
+    scheduler pickle as they are."""
+    import copy
+
+    if not light:
+        monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    torch.manual_seed(0)
+    model, twin = Net(), Net()
+    twin.load_state_dict(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2)
+    scaler = torch.amp.GradScaler("cpu")
+    probe = Events()
+    with StepHooks(HookedRun(), probe):
+        for _ in range(4):
+            optimizer.zero_grad()
+            scaler.scale(model(torch.randn(4, 6), scale=torch.ones(1)).sum()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            assert vars(model).keys() == vars(twin).keys()
+            for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_with_kwargs"):
+                assert not getattr(model, name), name
+            saved = as_saved(model)  # mid-run, between steps
+            ema = copy.deepcopy(model)
+            assert [n for n, _ in ema.named_modules()] == [n for n, _ in twin.named_modules()]
+            assert not ema._forward_pre_hooks and not ema._forward_hooks
+            with torch.no_grad():
+                ema(torch.randn(4, 6))  # the EMA's evaluation
+        as_saved({"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler})
+    loaded = torch.load(__import__("io").BytesIO(saved), weights_only=False)
+    assert type(loaded) is Net and loaded.state_dict().keys() == twin.state_dict().keys()
+    assert [p.shape for p in loaded.parameters()] == [p.shape for p in twin.parameters()]
+    twin.load_state_dict(loaded.state_dict())  # the same keys, loadable both ways
+    assert type(model).__call__ is nn.Module.__call__  # the class's own again
+
+
+def test_a_manual_update_without_an_optimizer_is_a_step_each_time_the_gradients_reset():
+    """pytorch/examples' word language model updates its weights by hand
+    (`p.data.add_(p.grad, alpha=-lr)`, no optimizer): a step ends when the model is
+    called again after the loop reset its gradients (`model.zero_grad()`), and the last
+    one when the run ends (`finish`). It read "no training step was seen" of a NaN run."""
+    torch.manual_seed(0)
+    model = Net()
+    probe = Events()
+    with StepHooks(HookedRun(), probe) as hooks:
+        for step in range(4):
+            model.zero_grad(set_to_none=step % 2 == 0)  # None, or zeroed in place
+            model(torch.randn(4, 6)).sum().backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.1)
+            with torch.no_grad():  # an evaluation between steps is no step
+                model(torch.randn(2, 6))
+        assert hooks.finish() == 3
+    assert [e[0] for e in probe.seen if e[1] == "done"] == [0, 1, 2, 3]
+    assert [e[0] for e in probe.seen if e[1:] == ("start", "backward")] == [0, 1, 2, 3]
+
+
+def test_gradient_accumulation_before_the_first_optimizer_step_is_one_step():
+    """Gradients that carry on between backwards are accumulated, not reset: the
+    micro-batches before the first optimizer step are its step's, not steps of their own."""
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = Events()
+    with StepHooks(HookedRun(), probe) as hooks:
+        for _ in range(2):
+            optimizer.zero_grad()
+            for _ in range(3):
+                model(torch.randn(4, 6)).sum().backward()
+            optimizer.step()
+        assert hooks.finish() is None
+    assert [e[0] for e in probe.seen if e[1] == "done"] == [0, 1]
+    assert [e[0] for e in probe.seen if e[1:] == ("start", "backward")] == [0] * 3 + [1] * 3
+
+
+@pytest.mark.parametrize("form", ["module", "function"])
+def test_a_compiled_model_raises_no_warning_and_keeps_its_steps(form, recwarn):
+    """`torch.compile(model)` warned at each call about nandoctor's global module hooks
+    ("... will cause the hooks to fire an extra time"), three times into a watched
+    script's output: they stand aside while a compiled module runs, whose call is the
+    model's forward. A compiled function runs the model inside it: its steps are the
+    optimizer's all the same."""
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = Events()
+    with StepHooks(HookedRun(), probe):
+        if form == "module":
+            step_forward = torch.compile(model, backend="eager")
+        else:
+            step_forward = torch.compile(lambda x: model(x), backend="eager")
+        for _ in range(4):
+            optimizer.zero_grad()
+            step_forward(torch.randn(4, 6)).sum().backward()
+            optimizer.step()
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]
+    assert [e[0] for e in probe.seen if e[1] == "done"] == [0, 1, 2, 3]
+    forwards = [e[0] for e in probe.seen if e[1:] == ("start", "forward")]
+    assert forwards == ([0, 1, 2, 3] if form == "module" else [])
+    assert not nn_module._has_any_global_hook()  # its with-kwargs entry gone too

@@ -259,3 +259,27 @@ def test_several_kinds_of_value_are_named_as_the_output_held_them(tmp_path):
         text = render(report)
         assert f"3 × {said} in float16" in text and "mixed" not in text
         assert f"3 × {said}" in render_markdown(report)
+
+
+def test_every_curve_keeps_its_label_beside_a_divergence_in_an_80_column_panel(tmp_path):
+    """The divergence's sentence sat in the curves' third column: the panel squeezed the
+    labels out to fit it (two rows of bare sparklines, an LSTM run's). Now it has a line
+    of its own, under the curves, and each curve its label."""
+    report = failing_report(tmp_path)
+    report.telemetry = Telemetry()
+    for step in range(60):
+        diverged = step >= 30
+        report.telemetry.append(
+            step, 1495.0 + step if diverged else 7.7, 3.1e6 if diverged else 0.5, 65536.0
+        )
+    report.events = [
+        Event(30, "divergence", metric="loss", value=1525.0, baseline=7.7),
+        Event(30, "divergence", metric="grad_norm", value=3.1e6, baseline=0.5),
+    ]
+    out = io.StringIO()
+    render_report(Console(file=out, width=80, color_system=None), report)
+    rows = [line.strip("│ ") for line in out.getvalue().splitlines()]
+    curves = [row for row in rows if "▁" in row or "█" in row]
+    assert [row.split()[0] for row in curves] == ["loss", "grad", "loss"]  # grad norm, scale
+    assert "^ loss diverged at step 30: 1.52e+03, 198x its recent level 7.7" in rows
+    assert "^ gradient norm diverged at step 30: 3.1e+06, 6.2e+06x its recent level 0.5" in rows

@@ -9,6 +9,7 @@ import pytest
 
 from nandoctor.causes.words import plural, values
 from nandoctor.diagnose.summary import summarize
+from nandoctor.report.telemetry import Event
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Judge, Reading
 from tests.conftest import REPO
@@ -41,6 +42,24 @@ def test_a_run_of_one_step_is_one_step():
     assert summarize("healthy", RunResult("healthy", 0, 2)) == "all 2 steps stayed finite"
     stopped = RunResult("interrupted", 0, 1)
     assert summarize("interrupted", stopped).startswith("interrupted after 1 step;")
+
+
+def test_a_finite_run_that_diverged_says_so_in_its_summary_whatever_ended_it():
+    """The summary is what `-q` and a CI log show first: "healthy" alone read as a run
+    that trained, of one whose loss went 100x up (a watched script that then crashed
+    printing exp(loss) said only that it exited with code 1)."""
+    loss = Event(1, "divergence", metric="loss", value=1.3e4, baseline=9.1)
+    norm = Event(4, "divergence", metric="grad_norm", value=300.0, baseline=0.8)
+    ran = RunResult("healthy", 0, 85)
+    assert summarize("healthy", ran, events=[loss]) == (
+        "all 85 steps stayed finite, but the loss diverged at step 1"
+    )
+    assert summarize("error", ran, command_code=1, events=[loss, norm]) == (
+        "the command exited with code 1 after 85 finite steps, but the loss diverged at "
+        "step 1 and the gradient norm diverged at step 4"
+    )
+    skip = Event(2, "scaler-skip", 1024.0, reason="overflow")
+    assert summarize("healthy", ran, events=[skip]) == "all 85 steps stayed finite"
 
 
 def test_a_collapse_after_one_skip_is_not_one_steps():

@@ -292,55 +292,65 @@ def test_under_torchrun_a_nan_born_in_one_ranks_backward_is_that_ranks(tmp_path)
     assert report["causes"][0]["id"] == "nondifferentiable-point"
 
 
-SLOW_NAN = """
-import time, torch
+WAITS_FOR_CTRL_C = """
+import sys, time, torch
+from pathlib import Path
 torch.manual_seed(0)
+wait_at = int(sys.argv[1])
+first = Path("first-run")
+rerun = first.exists()  # the first run leaves it: this is the replay
+first.touch()
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(400):
+for step in range(40):
     x = torch.randn(4, 8)
     if step == 20:
         x[0, 0] = float("nan")
     loss = model(x).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
-    time.sleep(0.1)
+    if step == wait_at and rerun == (wait_at < 20):
+        Path("waiting").touch()  # the test's cue
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # until the Ctrl-C comes
+            time.sleep(0.05)
 """
 
 
-def ctrl_c(tmp_path, *options: str, when: str) -> tuple[int, str, dict]:
-    """`watch` on SLOW_NAN in a process group of its own, as a terminal's job; the whole
-    group gets a Ctrl-C (SIGINT) once `when` shows in its output."""
+def ctrl_c(tmp_path, *options: str, wait_at: int) -> tuple[int, str, dict]:
+    """`watch` on WAITS_FOR_CTRL_C in a process group of its own, as a terminal's job;
+    the whole group gets a Ctrl-C (SIGINT) once the script waits at step `wait_at`: in
+    the rerun before step 20 (where the first run went NaN), after it in the first run.
+    NB: the script waits on the test, not the test on a time the script should take."""
     import os
     import signal
     import subprocess
+    import time
 
-    (tmp_path / "train.py").write_text(SLOW_NAN)
+    (tmp_path / "train.py").write_text(WAITS_FOR_CTRL_C)
     out = tmp_path / "r.json"
+    command = [PY, "-m", "nandoctor", "watch", "--json", str(out), *options, "--", PY, "train.py"]
     proc = subprocess.Popen(
-        [PY, "-m", "nandoctor", "watch", "--json", str(out), *options, "--", PY, "train.py"],
+        [*command, str(wait_at)],
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
-    assert proc.stderr is not None
-    seen = ""
-    for line in proc.stderr:
-        seen += line
-        if when in line:
-            break
+    deadline = time.monotonic() + 300  # a loaded machine imports torch slowly
+    while not (tmp_path / "waiting").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "the script never reached its wait"
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
-    seen += proc.stderr.read()
-    return proc.wait(60), seen, json.loads(out.read_text())
+    _, output = proc.communicate(timeout=120)
+    return proc.returncode, output, json.loads(out.read_text())
 
 
 def test_a_ctrl_c_during_the_replay_is_an_interrupt_not_a_rerun_that_ended_early(tmp_path):
     """Ctrl-C reaches the terminal's whole process group while the command is rerun: the
     report keeps the step the first run found and says the replay was interrupted (130),
     as `diagnose` does; it is not the rerun's fault."""
-    # NB: the rerun needs 2 s to reach step 20
-    code, _, report = ctrl_c(tmp_path, when="rerunning the command")
-    assert code == 130
+    code, output, report = ctrl_c(tmp_path, wait_at=10)
+    assert code == 130 and "rerunning the command" in output
     assert report["status"] == "interrupted"
     assert (report["first_nonfinite"]["step"], report["first_nonfinite"]["phase"]) == (20, "input")
     assert report["notes"] == [
@@ -351,9 +361,9 @@ def test_a_ctrl_c_during_the_replay_is_an_interrupt_not_a_rerun_that_ended_early
 def test_a_ctrl_c_after_the_failure_starts_no_replay(tmp_path):
     """With --continue the script goes on past its bad step; a Ctrl-C then ends the watch
     with the failure as found, and the command is not run again behind the user's back."""
-    code, output, report = ctrl_c(tmp_path, "--continue", when="step 20 went non-finite")
+    code, output, report = ctrl_c(tmp_path, "--continue", wait_at=25)
     assert code == 1 and report["status"] == "nonfinite"  # what it found, as without Ctrl-C
-    assert "rerunning the command" not in output
+    assert "step 20 went non-finite" in output and "rerunning the command" not in output
     assert report["first_nonfinite"]["step"] == 20
     assert report["notes"][0].startswith("no replay: the command was interrupted")
 

@@ -63,6 +63,7 @@ def assemble(findings: Findings) -> Report:
     """The report of a run, built once from what its engines returned."""
     f = findings
     status = status_of(f.result, f.interrupted is not None, f.command_code)
+    events = merge_events(f.result.events, divergence_events(f.result.telemetry))
     return Report(
         command=f.command,
         config=f.config,
@@ -70,10 +71,10 @@ def assemble(findings: Findings) -> Report:
         environment=f.environment,
         status=status,
         steps_completed=f.result.steps_completed,
-        summary=summarize(status, f.result, f.located, f.command_code),
+        summary=summarize(status, f.result, f.located, f.command_code, events),
         first_nonfinite=first_nonfinite(f.result, f.located),
         causes=list(f.causes),
-        events=merge_events(f.result.events, divergence_events(f.result.telemetry)),
+        events=events,
         telemetry=f.result.telemetry,
         evidence=evidence_of(f.located),
         transients=f.located.transients if f.located is not None else [],

@@ -4,6 +4,8 @@ one-line summary and the notes about how the run and its replay went.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from nandoctor.causes.words import plural, value_word, values
@@ -12,6 +14,8 @@ from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.reproduction import VALUES_DIFFER, Reproduction
 from nandoctor.localize.tracer import Finding
+from nandoctor.report.divergence import diverged_clause
+from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.sentinel import Verdict
@@ -30,10 +34,21 @@ def summarize(
     result: RunResult,
     located: Localization | None = None,
     command_code: int | None = None,
+    events: Sequence[Event] = (),
 ) -> str:
     """One sentence: what happened. `status` is the report's (an interrupt may have ended
     the run); the sentence of a failure names the replay's phase, the precise one.
-    `command_code`: a watched command's exit code."""
+    `command_code`: a watched command's exit code; `events`: the report's, whose
+    divergences a run that stayed finite owes its reader ("..., but the loss diverged at
+    step 1": finite is not training well)."""
+    said = _sentence(status, result, located, command_code)
+    diverged = diverged_clause(events) if result.failure is None else None
+    return said if diverged is None else f"{said}, but {diverged}"
+
+
+def _sentence(
+    status: str, result: RunResult, located: Localization | None, command_code: int | None
+) -> str:
     if result.status == "interrupted" or (status == "interrupted" and result.failure is None):
         ran = plural(result.steps_run, "step")
         return f"interrupted after {ran}; no non-finite value seen before"

@@ -199,34 +199,45 @@ def _title(report: Report, divergence_fails: bool = False) -> str:
     return f"[bold yellow]{report.status.upper()}[/]"
 
 
-def _curves(report: Report) -> Table:
+def _curves(report: Report) -> Group:
+    """One labelled row per curve, a caret under a curve where it diverged, and what the
+    divergence was below them (NB: not beside: a long line there squeezed the labels out
+    of an 80-column panel)."""
     t = report.telemetry
+    scaled = any(s is not None for s in t.scale)
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(no_wrap=True)
-    grid.add_column(no_wrap=True)
-    grid.add_column(no_wrap=True)
-    grid.add_row("loss", sparkline(t.loss, _WIDTH), _ends(t.loss))
+    grid.add_column(no_wrap=True, min_width=max(map(len, _LABELS[: 2 + scaled])))
+    grid.add_column(no_wrap=True, min_width=_WIDTH)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
+    grid.add_row(_LABELS[0], sparkline(t.loss, _WIDTH), _ends(t.loss))
     _mark_divergence(grid, report, "loss")
     # NB: from the first finite norm: a GradScaler's skipped steps (its first calibration)
     # have non-finite scaled gradients, which are no NaN of the run's
     grads = _ends(t.grad_norm, from_finite=True)
-    grid.add_row("grad norm", sparkline(t.grad_norm, _WIDTH, log=True), grads)
+    grid.add_row(_LABELS[1], sparkline(t.grad_norm, _WIDTH, log=True), grads)
     _mark_divergence(grid, report, "grad_norm")
-    if any(s is not None for s in t.scale):
-        grid.add_row("loss scale", sparkline(t.scale, _WIDTH, log=True), _ends(t.scale))
-    return grid
+    if scaled:
+        grid.add_row(_LABELS[2], sparkline(t.scale, _WIDTH, log=True), _ends(t.scale))
+    said = [f"[magenta]^ {escape(divergence_text(e))}[/]" for e in _marked(report)]
+    return Group(grid, *said)
+
+
+_LABELS = ("loss", "grad norm", "loss scale")
+
+
+def _marked(report: Report) -> list:
+    """The divergences with a step on the curves."""
+    return [e for e in divergences(report.events) if e.step in report.telemetry.step]
 
 
 def _mark_divergence(grid: Table, report: Report, metric: str) -> None:
-    """A caret under the curve at the step where the metric diverged, and the numbers."""
-    for event in divergences(report.events):
-        if event.metric != metric or event.step not in report.telemetry.step:
+    """A caret under the curve at the step where the metric diverged."""
+    for event in _marked(report):
+        if event.metric != metric:
             continue
         steps = report.telemetry.step
         at = column(steps.index(event.step), len(steps), _WIDTH)
-        grid.add_row(
-            "", "[bold magenta]" + " " * at + "^[/]", f"[magenta]{divergence_text(event)}[/]"
-        )
+        grid.add_row("", "[bold magenta]" + " " * at + "^[/]", "")
 
 
 _WIDTH = 40  # sparkline columns: fits an 80-column terminal beside the labels

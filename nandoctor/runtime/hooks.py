@@ -42,20 +42,30 @@ next step). A loop that later breaks that order (the clock steps again before th
 one did) has its steps end at the clock's from there on. A `Guard`'s hooks, given their
 own optimizer, end each step at its step alone: each guard of a GAN counts its own.
 
-PyTorch's global forward pre-hook sees a call's positional arguments only, and
-`model(**batch)` passes all of its batch by keyword. So the model gets a hook of its own
-(`register_forward_pre_hook(..., with_kwargs=True)`), from the start when it is given
-(`Guard`), else from its first call on (`watch` meets the model only then): that first
-call's keyword inputs are checked when it returns, before its output is, which the
-probes judge the same way (the sentinel by phase, the tracer names no origin before the
-loss).
+A loop that steps no optimizer (`watch` only: it updates its weights by hand,
+`p.data.add_(p.grad, alpha=-lr)`) has no optimizer step to end a step: one ends when the
+model is called again after a backward whose gradients the loop has reset since
+(`zero_grad()`), and the last one when the script ends (`finish`). Accumulated gradients
+are not reset, so the micro-batches before a first optimizer step stay one step.
+
+Nothing is put on the user's objects: `torch.save(model)` pickles whatever a model holds
+(a hook included) and `copy.deepcopy(model)` copies it. PyTorch's global forward pre-hook
+sees a call's positional arguments only, and `model(**batch)` passes all of its batch by
+keyword; so once the model is known its calls are seen at its class (`runtime.calls`),
+with their keywords: from the start when it is given (`Guard`), else from the end of its
+first call on (`watch` meets the model only then), whose keyword inputs are checked when
+it returns, before its output is, which the probes judge the same way (the sentinel by
+phase, the tracer names no origin before the loss). A `torch.compile`d module's calls are
+seen so too, and the global module hooks stand aside while one runs: torch.compile warns
+about any global module hook at each call of its module, and would trace them into its
+graph.
 
 Global module hooks make every module call of the process take PyTorch's slow path (a few
 microseconds each: measured, ~0.14 ms of a 6 ms convnet step). So once the model is known and
 `LIGHT_AFTER` steps in a row ran no root forward but the model's own, the global module
-hooks give way to two hooks on the model alone, which announce the same phases. A step
-that ran another root module (`head(backbone(x))`, a GAN), or a framework's named batch,
-keeps the global hooks for good; a root module that first appears after the switch is not
+hooks come off, and the model's calls alone announce the same phases. A step that ran
+another root module (`head(backbone(x))`, a GAN), or a framework's named batch, keeps the
+global hooks for good; a root module that first appears after the switch is not
 announced as a FORWARD of its own (its output shows in the loss all the same). In
 `explicit` mode too: `Guard.step` keeps one `StepHooks` across its steps, attached for
 each step alone.
@@ -76,7 +86,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.runtime import amp
+from nandoctor.runtime import amp, calls
 from nandoctor.runtime import wrappers as patches
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe, StepContext
@@ -126,7 +136,10 @@ class StepHooks:
         self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []  # the global module hooks, until the light ones
-        self._light = False  # the model's own hooks have replaced the global ones
+        self._light = False  # the model's calls alone are followed: no global module hook
+        self._followed: nn.Module | None = None  # the model, its calls seen at its class
+        self._compiled = 0  # compiled modules' calls under way: the global hooks stand aside
+        self._attached = False
         self._never_light = False  # another root module met: the global hooks stay
         self._regular = 0  # steps in a row whose only root forward was the model
         self._step_regular: bool | None = None  # this step's, once it has a root forward
@@ -145,9 +158,10 @@ class StepHooks:
         # NB: the optimizer whose step ends a step (None: the clock's)
         self._closer: torch.optim.Optimizer | None = None
         self._cycle = False  # the closer has been learned (once) or given up
-        self._inputs_of: nn.Module | None = None  # the module with our keyword-inputs hook
-        self._early: StepContext | None = None  # that hook, next, opens this forward
         self._late = False  # this forward's keyword inputs are checked when it returns
+        # NB: a loop that has stepped no optimizer (a manual update): the gradient of the
+        # last backward, to tell when the loop resets them (the next step begins)
+        self._grad_mark: tuple[torch.Tensor, weakref.ref[torch.Tensor], int] | None = None
         self._named: Any = None  # the next step's batch, named by a framework's callback
         self._scaled: tuple[weakref.ref, torch.Tensor, torch.Tensor | None] | None = None
         self._unscaled = False  # the step's gradients were unscaled since its last backward
@@ -161,26 +175,36 @@ class StepHooks:
             optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
             optim_module.register_optimizer_step_post_hook(self._optimizer_post),
         ]
-        if self._light:
-            self._hook_model_alone()
-        else:
-            self._module_handles = [
-                nn_module.register_module_forward_pre_hook(self._pre),
-                # NB: one post hook, not two: every module call pays each global hook
-                nn_module.register_module_forward_hook(
-                    self._post, with_kwargs=True, always_call=True
-                ),
-            ]
-        if self.run.model is not None:
-            self._hook_inputs(self.run.model)
+        self._attached = True
+        if not self._light:
+            self._hook_modules()
+        calls.follow_compiled(self)
+        model = self._followed or self.run.model
+        if model is not None:
+            self._follow(model)
         patches.register(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         patches.unregister(self)
-        _remove(self._module_handles)
+        calls.unfollow(self)
+        _remove_module_hooks(self._module_handles)
         _remove(self._handles)
-        self._inputs_of = None
+        self._attached, self._compiled = False, 0
+
+    def _hook_modules(self) -> None:
+        self._module_handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            # NB: one post hook, not two: every module call pays each global hook
+            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
+        ]
+
+    def _follow(self, model: nn.Module) -> None:
+        """The model's calls, seen at its class from now on (`runtime.calls`): with their
+        keyword inputs, and nothing put on the model (a compiled one is seen so already)."""
+        if not calls.followed(model, self):
+            calls.follow(model, self)
+        self._followed = model
 
     def name_batch(self, batch: Any) -> None:
         """The next step's whole batch, when a framework hands it over before the step
@@ -211,15 +235,54 @@ class StepHooks:
 
     def abandon(self) -> None:
         """The user's step raised: forget the half-done step and every counter."""
-        self.ctx, self._scaled, self._early = None, None, None
+        self.ctx, self._scaled = None, None
         self._depth = self._backward = self._optim = 0
         self._root = self._late = False
         self._step_regular = None
 
     # -- module forwards ------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: Any) -> None:
+        """A global hook, before any module call the model's class does not announce."""
         if torch.compiler.is_compiling():  # NB: keeps the hooks out of compiled graphs
             return
+        if module is not self._followed:
+            self._entered(module, args, None)
+
+    def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
+        """After a module call: (kwargs, output), or (output,) when its forward raised
+        (NB: torch calls an always-called hook without the keywords then)."""
+        if torch.compiler.is_compiling() or module is self._followed:
+            return
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+        self._exited(module, args, kwargs, output)
+
+    def call_started(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """A call of the model, or of a compiled module (`calls.Follower`): the global
+        hooks stand aside for a compiled one (torch.compile warns about any, and would
+        trace them into its graph), which then counts as one module call."""
+        if calls.compiled(module):
+            self._stand_aside()
+        self._entered(module, args, kwargs)
+
+    def call_ended(
+        self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any
+    ) -> None:
+        self._exited(module, args, kwargs, output)
+        if calls.compiled(module):
+            self._step_back()
+
+    def _stand_aside(self) -> None:
+        self._compiled += 1
+        if self._compiled == 1:
+            _remove_module_hooks(self._module_handles)
+
+    def _step_back(self) -> None:
+        self._compiled = max(0, self._compiled - 1)
+        if not self._compiled and self._attached and not self._light and not self._module_handles:
+            self._hook_modules()
+
+    def _entered(self, module: nn.Module, args: Any, kwargs: dict[str, Any] | None) -> None:
+        """Before a module call; `kwargs` None: a global hook's, which sees no keywords."""
         depth, self._depth = self._depth, self._depth + 1
         # NB: the model's first call, not the outermost module's: a wrapper the caller did
         # not name (`nn.DataParallel(model)`, a module holding it) only passes it the batch
@@ -227,12 +290,18 @@ class StepHooks:
             if self._sniff:
                 self._sniff = not self.run.note_inner_autocast()
             return
+        if self._compiles_the_given(module):
+            module = module.get_submodule("_orig_mod")  # NB: the model given, compiled
         if self._backward or not torch.is_grad_enabled() or not self._is_model(module):
             return
         known, undecided = self.run.model is not None, self.run.dtype is None
         self.run.note_model(module)  # NB: before the step opens, so its probes know the model
         if not known and self.on_model is not None:
             self.on_model()
+        if module is self.run.model and self._stepless_due():
+            self._close()  # NB: the loop reset its gradients: the next step begins
+            if not self._attached:  # NB: the step's end took the hooks off (`--continue`)
+                return
         ctx = self._current()
         if ctx is None:
             return
@@ -247,15 +316,15 @@ class StepHooks:
             batch, self._named = self._named, None
             self._phase(ctx, Phase.INPUT, batch)
             self._forward_started(ctx)
-        elif module is self._inputs_of:  # without a named batch, the model's inputs are
-            self._early = ctx  # the batch: its own hook, next, sees them all
         elif module is not self.run.model:  # another root module (`head(backbone(x))`,
             self._forward_started(ctx)  # a GAN's D(G(z))): its arguments are not the batch
-        else:
-            self._phase(ctx, Phase.INPUT, args)  # and its keyword inputs when it returns
+        elif kwargs is not None:  # without a named batch, the model's inputs are the batch
+            self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
+            self._forward_started(ctx)
+        else:  # a global hook's: the keyword inputs are checked when the call returns
+            self._phase(ctx, Phase.INPUT, args)
             self._late = True
             self._forward_started(ctx)
-            self._hook_inputs(module)
 
     def _next_micro_batch(self, ctx: StepContext) -> None:
         """A loss begun after a backward, no optimizer step between them, is the next
@@ -265,17 +334,6 @@ class StepHooks:
         ctx.micro_batch = 0 if micro is None else micro + self._backwarded
         self._backwarded = False
 
-    def _hook_inputs(self, model: nn.Module) -> None:
-        if self._inputs_of is None and not self.explicit:
-            self._inputs_of = model
-            self._handles.append(model.register_forward_pre_hook(self._inputs, with_kwargs=True))
-
-    def _inputs(self, module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        ctx, self._early = self._early, None
-        if ctx is not None:
-            self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
-            self._forward_started(ctx)
-
     def _forward_started(self, ctx: StepContext) -> None:
         if ctx.phase is not Phase.LOSS:
             ctx.phases[:] = [Phase.LOSS]
@@ -283,12 +341,7 @@ class StepHooks:
         ctx.phases.append(Phase.FORWARD)
         self.probe.phase_started(ctx, Phase.FORWARD)
 
-    def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
-        """After a module call: (kwargs, output), or (output,) when its forward raised
-        (NB: torch calls an always-called hook without the keywords then)."""
-        if torch.compiler.is_compiling():
-            return
-        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
+    def _exited(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
         ctx = self.ctx
         depth = self._depth = max(0, self._depth - 1)  # the depth this call ran at
         if not self._root or depth != self._root_at or ctx is None:
@@ -297,12 +350,19 @@ class StepHooks:
             self._late = False
             if kwargs and ctx.phase is Phase.FORWARD:
                 self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
-        self._root, self._late, self._early, self._sniff = False, False, None, False
+        self._root, self._late, self._sniff = False, False, False
         if ctx.phase is Phase.FORWARD:
             ctx.output = output
             self.probe.phase_ended(ctx, Phase.FORWARD)
             ctx.phases.pop()
             ctx.output = None  # NB: the probe has queued its check; do not hold the graph
+        if module is self.run.model and self._followed is None:
+            self._follow(module)  # NB: its next calls come with their keyword inputs
+
+    def _compiles_the_given(self, module: nn.Module) -> bool:
+        """`module` is `torch.compile(model)` of the model given (not given compiled)."""
+        ids = self._model_ids
+        return ids is not None and id(module) not in ids and calls.compiled(module)
 
     def _is_model(self, module: nn.Module) -> bool:
         if self._model_ids is not None:
@@ -334,6 +394,8 @@ class StepHooks:
         ctx = self.ctx
         if not self._backward and ok and ctx is not None and ctx.phase is Phase.BACKWARD:
             self.probe.phase_ended(ctx, Phase.BACKWARD)  # the phase stays open for unscale_
+            if self._stepless():
+                self._grad_mark = _grad_mark(self.run.params)
 
     def _loss_of(self, tensors: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The unscaled loss behind the tensor given to backward, and its loss scale."""
@@ -430,8 +492,35 @@ class StepHooks:
             return self._open(None)
         return self.ctx
 
+    def _stepless(self) -> bool:
+        """A loop that has stepped no optimizer (`watch` only: a Guard is given one)."""
+        return not self.explicit and self.run.clock is None and self.run.given_optimizer is None
+
+    def _stepless_due(self) -> bool:
+        """A loop that updates its weights by hand (`p.data.add_(p.grad, alpha=-lr)`, no
+        optimizer) has no optimizer step to end a step: one ends when the model is called
+        again after a backward whose gradients the loop has reset since (`zero_grad()`:
+        set to None, or zeroed in place). Gradient accumulation keeps them."""
+        mark = self._grad_mark
+        if mark is None or self.ctx is None or self._optim or not self._stepless():
+            return False
+        param, grad, version = mark
+        now, then = param.grad, grad()
+        if now is None or then is None or now is not then:
+            return True
+        return now._version != version
+
+    def finish(self) -> int | None:
+        """The script ends: a step of a loop that steps no optimizer ends with it (the
+        model is not called again); its number, if one did."""
+        ctx = self.ctx
+        if ctx is None or self._grad_mark is None or not self._stepless():
+            return None
+        self._close()
+        return ctx.step
+
     def _open(self, batch: Any) -> StepContext:
-        self._unscaled = False
+        self._unscaled, self._grad_mark = False, None
         ctx = StepContext(self.run, self.step, batch, losses_add_up=True)
         if self.on_step_start is not None:
             self.on_step_start(ctx)
@@ -458,40 +547,30 @@ class StepHooks:
             return
         if regular is False:  # another root module: its calls need the global hooks
             self._never_light = True
-        elif regular and (self.explicit or self._inputs_of is self.run.model):
+        elif regular and self.run.model is not None and calls.followed(self.run.model, self):
             self._regular += 1
             if self._regular >= LIGHT_AFTER:
                 self._go_light()
 
     def _model_not_called(self) -> None:
         """The step trained without a call of the model it was given: the loop calls
-        another module (a `torch.compile`d one, whose inner calls no hook sees, or an
-        unrelated one), so the step has no forward and, unless named, no batch. Said once."""
+        another module, or calls it inside a function compiled whole (`torch.compile(fn)`,
+        whose inner calls no hook sees), so the step has no forward and, unless named, no
+        batch. Said once. (A compiled module of the model, `torch.compile(model)`, is
+        followed as the model.)"""
         warnings.warn(
             f"nandoctor: step {self.step - 1} trained without calling the model the guard "
-            f"was given ({self._given}); give the guard the module your loop calls (with "
-            "torch.compile, the compiled one): it follows that module's calls and takes "
-            "their inputs as the batch",
+            f"was given ({self._given}); give the guard the module your loop calls: it "
+            "follows that module's calls and takes their inputs as the batch (inside a "
+            "function compiled whole, torch.compile(fn), no call is seen: compile the "
+            "model instead, torch.compile(model))",
             stacklevel=2,
         )
         self._given = None
 
     def _go_light(self) -> None:
-        _remove(self._module_handles)
-        self._depth, self._light = 0, True  # NB: called as a step ends, outside any forward
-        self._hook_model_alone()
-
-    def _hook_model_alone(self) -> None:
-        model = self.run.model
-        assert model is not None
-        # NB: prepended, as global hooks run before a module's own (FSDP's, then `_inputs`,
-        # which reads the keyword inputs): the same order as before the switch
-        self._handles.append(model.register_forward_pre_hook(self._pre, prepend=True))
-        self._handles.append(
-            model.register_forward_hook(
-                self._post, prepend=True, with_kwargs=True, always_call=True
-            )
-        )
+        _remove_module_hooks(self._module_handles)
+        self._light = True
 
     def _phase(self, ctx: StepContext, phase: Phase, batch: Any) -> None:
         ctx.phases.append(phase)
@@ -499,6 +578,28 @@ class StepHooks:
         self.probe.phase_started(ctx, phase)
         self.probe.phase_ended(ctx, phase)
         ctx.phases.pop()
+
+
+def _grad_mark(
+    params: list[nn.Parameter],
+) -> tuple[torch.Tensor, weakref.ref[torch.Tensor], int] | None:
+    """The first gradient of `params`, to tell later whether it was reset (NB: plain
+    tensors only: a DTensor's version is not its shard's)."""
+    for p in params:
+        g = p.grad
+        if g is not None and type(g) is torch.Tensor:
+            return p, weakref.ref(g), g._version
+    return None
+
+
+def _remove_module_hooks(handles: list[Any]) -> None:
+    """NB: a global forward hook's handle leaves its id in torch's `with_kwargs` table,
+    which alone makes `torch.compile(module)` warn about global hooks at every call, for
+    good: the id goes too."""
+    with_kwargs = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
+    for handle in handles:
+        with_kwargs.pop(handle.id, None)
+    _remove(handles)
 
 
 def _remove(handles: list[Any]) -> None:

@@ -240,13 +240,17 @@ class Watched:
             return
         # NB: the script died of an exception, in a step maybe: what the step saw counts
         aborted = self.hooks.abort() if hasattr(sys, "last_value") else None
+        # NB: a loop with no optimizer ends its last step by ending (judged below, as the
+        # process ends: nothing is stopped from here)
+        self.hooks.on_step_end = None
+        ended = self.hooks.finish() if aborted is None else None
         self.recorder.record(self.sentinel.collect(final=True))
         if self.result.steps_run:
             self._write_run()
         n = self.settings.trace_step
         if n is not None:
             found = self.tracer is not None and self.tracer.origin is not None
-            self._write_trace(n, reached=aborted == n and found)
+            self._write_trace(n, reached=n in (aborted, ended) and found)
         self._detach()
 
     def _detach(self) -> None:
