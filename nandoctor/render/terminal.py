@@ -37,7 +37,7 @@ from nandoctor.render.forecast import fix_of
 from nandoctor.render.origin import origin_block, source_line
 from nandoctor.render.sparkline import column, sparkline
 from nandoctor.report.divergence import divergence_text, divergences, fails_by_divergence
-from nandoctor.report.forecast import fails_by_forecast, forecast_text
+from nandoctor.report.forecast import fails_by_forecast, forecast_text, num, plural, where_text
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Report
 
@@ -159,9 +159,13 @@ def forecast_panel(report: Report, forecast_fails: bool = False) -> Panel | None
     first = report.first_nonfinite
     body: list = []
     for f in report.forecast:
-        lead = f" · {first.step - f.step} steps before the failure" if first is not None else ""
-        body.append(f"[bold]{escape(f.kind)}[/] ({f.confidence:.0%}){lead}")
-        body.append(escape(forecast_text(f)))
+        lead = f", {first.step - f.step} steps before the failure" if first is not None else ""
+        due = f"in about {plural(f.eta_steps)} (step {f.due})"
+        seen = f"seen at step {f.step}{lead} · {f.confidence:.0%}"
+        body.append(f"[bold]{escape(f.kind)}[/] {due} · {seen}")
+        where = where_text(f).removeprefix(", ") or "the run"
+        op = f", {f.op}" if f.op else ""
+        body.append(escape(f"{where}{op}: {f.metric} {num(f.value)} of {num(f.limit)}; {f.why}"))
         fix = fix_of(f.kind)
         if fix:
             body.append(f"[dim]fix: {escape(fix)}[/]")

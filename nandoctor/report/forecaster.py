@@ -16,6 +16,7 @@ Plain numbers: deterministic, and the same whoever drove the steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -36,7 +37,8 @@ from nandoctor.report.signals import (
 )
 
 WINDOW = 24  # values kept per signal: the trend is fitted over them
-LOOKBACK = 8  # a signal is asked about only if it rose over its last LOOKBACK values
+LOOKBACK = 8  # values a signal needs before it is asked about (and a new high then)
+ASK_EVERY = 3  # steps between two fits of one signal (a fit costs the host ~50 us)
 Z_ALPHA = 0.97  # ZClip's EMA of the loss: about its last 33 steps weigh most
 Z_WARMUP = 25  # steps that only feed the EMA (ZClip's warmup)
 Z_HIGH = 2.5  # ZClip's threshold: a loss this many deviations above its recent mean
@@ -83,8 +85,10 @@ class Forecaster:
         self.min_scale = min_scale
         self.curves = Curves()
         self._series: dict[Site, deque[tuple[int, float]]] = {}
+        self._asked: dict[Site, int] = {}  # the step each signal was last fitted at
         self._scales: deque[tuple[int, float, bool]] = deque(maxlen=SKIP_WINDOW)
         self._calibrated = False  # the scale's first streak of skips is over
+        self._skipping = False  # a skip is among the recent steps
         self._z = LossZ()
         self._high_z: deque[bool] = deque(maxlen=WINDOW)
         self._fired: dict[tuple[str, str], Forecast] = {}
@@ -108,7 +112,7 @@ class Forecaster:
             pairs.append((self.grad_site, grad_norm))
         z = self._z.update(loss)
         self._high_z.append(z is not None and z > Z_HIGH)
-        if sum(list(self._high_z)[-LOOKBACK:]) >= LOOKBACK // 2:  # NB: the loss reacts
+        if sum(itertools.islice(reversed(self._high_z), LOOKBACK)) >= LOOKBACK // 2:
             pairs.append((self.loss_site, loss))
         asked = [self._keep(step, site, value) for site, value in pairs]
         claims = [(s, RULES[s.metric](list(self._series[s]), s)) for s in asked if s is not None]
@@ -120,17 +124,21 @@ class Forecaster:
         return [f for f in (self._fire(step, site, claim) for site, claim in found) if f]
 
     def _keep(self, step: int, site: Site, value: float) -> Site | None:
-        """Add the value; the site, if its signal rose over its last values (the others
-        need no fit)."""
+        """Add the value; the site, if it is the highest its window has held (a signal
+        heading for its limit keeps setting new highs; the others need no fit)."""
         if not math.isfinite(value) or value <= 0:
             return None
         series = self._series.get(site)
         if series is None:
             series = self._series[site] = deque(maxlen=WINDOW)
+        high = max((v for _, v in series), default=math.inf)
         series.append((step, value))
-        if len(series) < LOOKBACK or site.metric not in RULES:
+        if len(series) < LOOKBACK or value <= high or site.metric not in RULES:
             return None
-        return site if value > series[-LOOKBACK][1] else None
+        if step - self._asked.get(site, -ASK_EVERY) < ASK_EVERY:
+            return None
+        self._asked[site] = step
+        return site
 
     def _scaler(self, step: int, scale: float | None, skipped: bool) -> Claim | None:
         if scale is None:
@@ -139,7 +147,10 @@ class Forecaster:
             self._calibrated = True  # NB: the first clean step: the first streak is over,
             self._scales.clear()  # and its skips are the scale's calibration, not a trend
         self._scales.append((step, scale, skipped))
-        self.curves.add(SKIP_RATE, step, sum(s for _, _, s in self._scales) / len(self._scales))
+        if skipped or self._skipping:  # NB: the rate moves only while skips are in the window
+            rate = sum(s for _, _, s in self._scales) / len(self._scales)
+            self._skipping = rate > 0
+            self.curves.add(SKIP_RATE, step, rate)
         return loss_scale(list(self._scales), self.min_scale, self._calibrated)
 
     def _fire(self, step: int, site: Site, claim: Claim) -> Forecast | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 ACTIVATION_PEAK = "activation_peak"  # a module's largest |output| (limit: its dtype's largest)
 SOFTMAX_SPREAD = "softmax_spread"  # a softmax row's max - min (limit: where a probability is 0)
@@ -32,13 +33,13 @@ SKIP_RATE = "skip_rate"  # the GradScaler's skips per step, over the recent step
 LOSS_Z = "loss_z"  # the loss's z-score against its own recent history (ZClip's EMA form)
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):
     """Where a device signal was measured: `module` is a dotted path (None: outside the
     model, the loss); `op` the operator that received the values (a softmax's), None for
     a module's output; `dtype` the one the values are held (or the op runs) in; `limit`
     the value past which the run fails. `logged`: a softmax whose output a log received
-    (`log(softmax(x))`), the one kind whose underflow is a failure."""
+    (`log(softmax(x))`), the one kind whose underflow is a failure. NB: a tuple, not a
+    dataclass: it keys a dict each step for every signal, and a tuple hashes in C."""
 
     metric: str
     module: str | None

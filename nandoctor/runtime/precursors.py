@@ -3,17 +3,19 @@ sentinel's one read.
 
 Per step, without a host read of its own:
 
-- each module's largest |output| (one `aminmax` a module call), against the value where
+- each module's largest |output| (one `aminmax` a call of a module with weights of its own
+  or modules inside: not an activation's, a dropout's), against the value where
   it makes the run fail (`report.limits.overflow_limit`: 65504 in float16; 1.8e19 in
   float32 and bfloat16, whose square overflows);
-- each softmax and log_softmax: the widest spread (max - min) of its rows, positions
-  masked out left out (a gap to the row's max beyond `MASK_GAP`: -inf, the dtype's
-  minimum, -1e4), against the spread past which its smallest probability rounds to 0
-  in the dtype it ran in (`report.limits.underflow_spread`: 17.3 in float16); and
-  whether its output went to a log (the one case where that zero is a failure);
+- each softmax and log_softmax: the widest spread (max - min) of its rows (one pass, each
+  row's min and max; a row holding a masked position, a gap beyond `MASK_GAP`: -inf,
+  the dtype's minimum, -1e4, counts 0), against the spread past which its smallest
+  probability rounds to 0 in the dtype it ran in (`report.limits.underflow_spread`:
+  17.3 in float16); and whether its output went to a log (the one case where that zero
+  is a failure);
 - the largest attention logit: of a softmax over a 4-d input (eager attention), or of
-  scaled-dot-product attention, recomputed for at most `ATTENTION_ROWS` query rows
-  (attention's own kernels never hold the logits);
+  scaled-dot-product attention, recomputed for at most `ATTENTION_ROWS` query rows of
+  the batch's first sequence (attention's own kernels never hold the logits);
 - each parameter group's update-to-weight ratio |dw| / |w|, from at most
   `SAMPLED_TENSORS` tensors a group and `SAMPLED_VALUES` values of each (a copy before
   the update, four fused `_foreach` calls in all).
@@ -44,8 +46,8 @@ from nandoctor.runtime.sentinel import MIN_SCALE, Sentinel
 from nandoctor.runtime.state import TrainingObjects
 
 MASK_GAP = 1e3  # beyond every dtype's underflow spread (104 in float32): a mask, not a logit
-ATTENTION_ROWS = 64  # query rows whose logits are recomputed, per attention call
-SAMPLED_TENSORS = 8  # per parameter group: its largest tensors...
+ATTENTION_ROWS = 16  # query rows whose logits are recomputed, per attention call
+SAMPLED_TENSORS = 4  # per parameter group: its largest tensors...
 SAMPLED_VALUES = 4096  # ...and of each, its first values
 _LIMITS = {ACTIVATION_PEAK: overflow_limit, SOFTMAX_SPREAD: underflow_spread}
 _FRAMES = 8  # how far up a softmax's caller is looked for the module that called it
@@ -109,7 +111,9 @@ class Precursors(Probe):
             handle.remove()
         self._names = {id(m): name for name, m in model.named_modules()}
         self._handles = [
-            m.register_forward_hook(self._on_output(name)) for name, m in model.named_modules()
+            m.register_forward_hook(self._on_output(name))
+            for name, m in model.named_modules()
+            if _owns_values(m)
         ]
         self._hooked = model
 
@@ -144,7 +148,7 @@ class Precursors(Probe):
         if not values:
             return None
         layout = Layout(tuple(self._peaks), tuple(self._others), self._groups, self._dtype())
-        return layout, torch.stack([v.float() for v in values])
+        return layout, torch.stack(values)  # NB: promoted to the widest dtype among them
 
     # -- module outputs ------------------------------------------------------------------
     def _on_output(self, name: str) -> Callable[..., None]:
@@ -181,7 +185,7 @@ class Precursors(Probe):
             return
         module = self._caller()
         with torch.no_grad():
-            spread, top = _spread_and_top(x.detach(), dim)
+            spread, top = _row_spread_and_top(x.detach(), dim)
         self._outputs[id(out)] = (len(self._others), weakref.ref(out))
         self._add(self._site(SOFTMAX_SPREAD, module, op, out.dtype), spread)
         if x.dim() >= 4:  # NB: (batch, heads, queries, keys): an eager attention's
@@ -197,7 +201,7 @@ class Precursors(Probe):
             return
         if logits is None:
             return
-        spread, top = _spread_and_top(logits, -1)
+        spread, top = _masked_spread_and_top(logits)
         module = self._caller()
         # NB: its kernels accumulate the logits in float32 whatever q's dtype
         self._add(self._site(SOFTMAX_SPREAD, module, softmax_watch.SDPA, torch.float32), spread)
@@ -278,36 +282,59 @@ def _sample_views(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor],
     return views, tuple(groups)
 
 
-def _spread_and_top(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """0-dim: the widest row's spread (positions masked out left out) and the largest value."""
-    top = x.amax(dim, keepdim=True)
-    gap = top - x
-    gap = torch.where(gap < MASK_GAP, gap, 0)  # NB: masked, and all -inf rows (NaN gaps)
-    return gap.amax(), top.amax()
+def _row_spread_and_top(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-dim: the widest spread of a row that holds no masked position, and the largest
+    value. One pass over `x` (each row's min and max); a row with a mask (a gap beyond
+    `MASK_GAP`: -inf, the dtype's minimum, -1e4) counts 0: its underflow is meant."""
+    low, high = torch.aminmax(x, dim=dim)
+    gap = high - low
+    return torch.where(gap < MASK_GAP, gap, 0).amax(), high.amax()  # NB: NaN gaps too
+
+
+def _masked_spread_and_top(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same for a few recomputed attention rows, the masked positions themselves left
+    out (a causal mask masks every row but the last)."""
+    top = logits.amax(-1, keepdim=True)
+    gap = top - logits
+    return torch.where(gap < MASK_GAP, gap, 0).amax(), top.amax()
 
 
 def _attention_logits(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The logits of scaled-dot-product attention for at most `ATTENTION_ROWS` query rows
-    (strided), with its mask applied (a boolean mask's False positions left at -inf)."""
+    (strided) of the batch's first sequence, with its mask applied (a boolean mask's False
+    positions left at -inf)."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
     given = {**dict(zip(names, args, strict=False)), **kwargs}
     q, k = given.get("query"), given.get("key")
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() < 2:
         return None
     rows = torch.arange(0, q.shape[-2], max(1, q.shape[-2] // ATTENTION_ROWS), device=q.device)
+    mask = given.get("attn_mask")
+    if isinstance(mask, torch.Tensor):
+        mask = mask.expand(*q.shape[:-1], k.shape[-2])
+    if q.dim() >= 4:  # NB: (batch, heads, queries, dim): the first sequence's
+        q, k = q[:1], k[:1]
+        mask = mask[:1] if isinstance(mask, torch.Tensor) else mask
     if k.dim() >= 3 and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:  # grouped-query heads
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
     scale = given.get("scale") or q.shape[-1] ** -0.5
     logits = (q.index_select(-2, rows).float() @ k.float().transpose(-2, -1)) * scale
-    mask = given.get("attn_mask")
     if isinstance(mask, torch.Tensor):
-        mask = mask.expand(*logits.shape[:-2], q.shape[-2], k.shape[-2]).index_select(-2, rows)
+        mask = mask.index_select(-2, rows)
         boolean = mask.dtype == torch.bool
         logits = logits.masked_fill(~mask, -torch.inf) if boolean else logits + mask
     if given.get("is_causal"):
         keys = torch.arange(k.shape[-2], device=q.device)
         logits = logits.masked_fill(keys[None, :] > rows[:, None], -torch.inf)
     return logits
+
+
+def _owns_values(module: nn.Module) -> bool:
+    """A module whose output is measured: one with weights of its own, or one holding
+    others (a block: its output is the residual stream). NB: not a parameterless leaf (an
+    activation, a dropout, a softmax): its output is its input's, reshaped."""
+    has_children = next(module.children(), None) is not None
+    return has_children or next(module.parameters(recurse=False), None) is not None
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
