@@ -106,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         outcome = measure(run)
         outcomes.append(outcome)
         print(_line(outcome), file=sys.stderr, flush=True)
-    torch.set_num_threads(threads)
     costs = [] if args.no_cost else cost(args.size, args.rounds, args.steps)
+    machine = _machine()
+    torch.set_num_threads(threads)
     from benchmarks.forecast_render import render, replace_measured
 
-    text = render(outcomes, costs, _machine(), args)
+    text = render(outcomes, costs, machine, args)
     if args.json:
         data = {"outcomes": [dataclasses.asdict(o) for o in outcomes], "costs": costs}
         Path(args.json).write_text(json.dumps(data, indent=1))
@@ -139,7 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(ROOT / "docs" / "forecast.md"), help="'-' for stdout")
     p.add_argument("--json", help="also write the raw figures here")
     p.add_argument("--no-cost", action="store_true", help="skip the per-step cost")
-    p.add_argument("--threads", type=int, default=1, help="torch threads for the corpus runs")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the corpus's numbers depend on it)"
+    )
     p.add_argument("--size", default="cpu", help="the cost's workload size")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=5)

@@ -13,14 +13,14 @@ if TYPE_CHECKING:
     from benchmarks.forecast import Outcome
 
 CALIBRATION = """\
-## Calibration
-
 The bars were set on this corpus (`benchmarks/forecast_corpus.py`): runs that fail by
 growth, each by its own road, and healthy runs that look alarming without failing
 (warmup, a cosine schedule, a plateau, a GradScaler's calibration skips, a hand-written
 log(softmax) whose logits level off). A forecast is in time when it fires at least
-{min_lead} steps before the failure; a forecast on a healthy run is a false alarm.
-Reproduce: `python -m benchmarks.forecast`.
+{min_lead} steps before the failure; a forecast on a healthy run is a false alarm. The
+lead is also given as a share of the steps the run took to fail. Reproduce: `python -m
+benchmarks.forecast` (the runs use {threads} torch thread(s): a run's numbers, and so the
+step it fails at, can move with the thread count).
 """
 
 
@@ -29,7 +29,7 @@ def render(
 ) -> str:
     from benchmarks.forecast import MIN_LEAD
 
-    lines = [CALIBRATION.format(min_lead=MIN_LEAD)]
+    lines = [CALIBRATION.format(min_lead=MIN_LEAD, threads=args.threads)]
     lines += _summary(outcomes)
     lines += _growth_table([o for o in outcomes if o.growth])
     lines += _healthy_table([o for o in outcomes if not o.growth])
@@ -98,12 +98,13 @@ def _first_forecasts(outcomes: list[Outcome]) -> list[str]:
 
 def _costs(costs: list[dict], machine: str, args: argparse.Namespace) -> list[str]:
     out = [
-        "## Cost",
+        "### Cost a step",
         "",
         "Per-step time of nandoctor's step with the sentinel alone and with the forecast's "
         "signals too, beside the plain loop, measured in one process, the candidates taking "
         "turns a step each (as docs/performance.md does; median over rounds, with the "
-        f"range). torch {machine}; workload size `{args.size}`; {args.rounds} rounds of "
+        f"range). torch {machine}; workload size `{args.size}` (docs/performance.md's "
+        f"workloads); {args.rounds} rounds of "
         f"{args.steps} steps. Target: the sentinel with the signals within the sentinel's "
         "1.03x of the plain loop.",
         "",

@@ -155,3 +155,20 @@ def test_forecasts_read_best_first_and_fail_a_run_only_when_asked():
     assert fails_by_forecast([a], True) and not fails_by_forecast([a], False)
     assert not fails_by_forecast([], True)
     assert forecast_text(b).startswith("step 12: log-of-softmax in about 5 steps (step 17), ")
+
+
+def test_a_gradient_norm_or_a_loss_growing_geometrically_is_forecast_before_it_overflows():
+    """The gradient norm's float32 square overflows past 1.8e19; a loss past 3.4e38."""
+    grads = rules.grad_norm(geometric(1e8, 1.8, 20), Forecaster().grad_site)
+    assert grads is not None and grads.kind == "exploding-gradients"
+    assert grads.limit == pytest.approx(1.8446744e19, rel=1e-6)
+    loss = rules.loss(geometric(1e20, 3.0, 14), Forecaster().loss_site)
+    assert loss is not None and loss.kind == "learning-rate-too-high"
+    assert rules.grad_norm(geometric(1.0, 1.05, 20), Forecaster().grad_site) is None  # far off
+
+
+def test_growth_that_levels_off_is_no_forecast():
+    """A warmup's end: 20% a step, then 2%; a straight fit would still cross the limit."""
+    points = geometric(3000.0, 1.2, 12) + geometric(3000.0 * 1.2**11 * 1.02, 1.02, 12, first=12)
+    assert rules.activation_peak(geometric(3000.0, 1.2, 24), PEAK16) is not None
+    assert rules.activation_peak(points, PEAK16) is None

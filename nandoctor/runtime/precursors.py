@@ -249,7 +249,7 @@ class Precursors(Probe):
         if not views:
             return
         moved = torch._foreach_norm(torch._foreach_sub(views, before))
-        self._updates = [*moved, *torch._foreach_norm(views)]
+        self._updates = [*moved, *torch._foreach_norm(before)]  # NB: |dw| / |w| before it
         self._groups = groups
 
     def _sampled(self) -> tuple[list[torch.Tensor], tuple[int, ...]]:

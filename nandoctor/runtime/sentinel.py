@@ -5,6 +5,9 @@ at the end of the step it stacks flags and telemetry into one small tensor and r
 on the host: the only synchronisation it adds, once per step. On CUDA even that read is
 deferred by a step (a non-blocking copy into pinned memory plus an event), so the host
 never waits for the GPU to drain; the verdict of step N arrives after step N+1 was queued.
+A rider may add its own device values to that read (`Sentinel.carry`: the forecast's
+signals, `runtime.precursors`): they follow the row in the same copy, and come back on
+the step's `Reading.carried` (on the CPU, read as the step ends, like the rest).
 
 NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain loop on a
 6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on
