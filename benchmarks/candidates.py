@@ -244,14 +244,19 @@ class Watch(Candidate):
         super().__init__(session)
         self.run = HookedRun()
         self.sentinel = Sentinel(self.run)
-        self.recorder = Recorder(RunResult("healthy", 0, 0))
-        self.hooks = StepHooks(self.run, self.sentinel, on_step_end=self._step_ended)
+        # NB: a watched process forecasts too (`watch/child.py`)
+        self.precursors, forecaster = forecasting(self.sentinel, self.run)
+        self.recorder = Recorder(RunResult("healthy", 0, 0), forecaster=forecaster)
+        probes = Probes(self.sentinel, self.precursors)
+        self.hooks = StepHooks(self.run, probes, on_step_end=self._step_ended)
 
     def _step_ended(self, ctx: StepContext) -> None:
         self.recorder.record(self.sentinel.collect())
 
-    def attached(self) -> contextlib.AbstractContextManager[Any]:
-        return self.hooks
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        with self.precursors, self.hooks:
+            yield
 
 
 def available() -> dict[str, type[Candidate]]:

@@ -131,7 +131,8 @@ def _line(o: Outcome) -> str:
 
 
 def _machine() -> str:
-    return f"{torch.__version__}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"{torch.__version__}, {threads} thread" + ("s" if threads != 1 else "")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -122,7 +122,16 @@ def _costs(costs: list[dict], machine: str, args: argparse.Namespace) -> list[st
             f"| {c['workload']} | {plain:.1f} ms | {_spread(sentinel)} | {_spread(both)} "
             f"| {added:.3f}x | {met} |"
         )
+    added_ms = [f"{c['workload']} +{_added_ms(c):.2f} ms" for c in costs]
+    out += [
+        "",
+        "What the signals add to the sentinel's step, in time: " + ", ".join(added_ms) + ".",
+    ]
     return [*out, ""]
+
+
+def _added_ms(c: dict) -> float:
+    return c["ms"]["sentinel+forecast"]["median"] - c["ms"]["sentinel"]["median"]
 
 
 def _spread(s: dict[str, float]) -> str:

@@ -4,7 +4,9 @@ sentinel's one read.
 Per step, without a host read of its own:
 
 - each module's largest |output| (one `aminmax` a call of a module with weights of its own
-  or modules inside: not an activation's, a dropout's), against the value where
+  or modules inside: not an activation's, a dropout's; the modules take turns, each
+  measured every `PEAK_EVERY` steps, on every `ROWS_EVERY`-th of its rows), against the
+  value where
   it makes the run fail (`report.limits.overflow_limit`: 65504 in float16; 1.8e19 in
   float32 and bfloat16, whose square overflows);
 - each softmax and log_softmax: the widest spread (max - min) of its rows (one pass, each
@@ -47,6 +49,8 @@ from nandoctor.runtime.state import TrainingObjects
 
 MASK_GAP = 1e3  # beyond every dtype's underflow spread (104 in float32): a mask, not a logit
 ATTENTION_ROWS = 16  # query rows whose logits are recomputed, per attention call
+PEAK_EVERY = 2  # a module's output is measured every PEAK_EVERY steps (modules take turns)
+ROWS_EVERY = 4  # ...and of a large one, every ROWS_EVERY-th row (the rows taking turns)
 SAMPLED_TENSORS = 4  # per parameter group: its largest tensors...
 SAMPLED_VALUES = 4096  # ...and of each, its first values
 _LIMITS = {ACTIVATION_PEAK: overflow_limit, SOFTMAX_SPREAD: underflow_spread}
@@ -69,6 +73,7 @@ class Precursors(Probe):
     def __init__(self, objects: TrainingObjects) -> None:
         self.objects = objects
         self._active = False
+        self._step = 0
         self._hooked: nn.Module | None = None
         self._handles: list[Any] = []
         self._names: dict[int, str] = {}  # id(module) -> its dotted path
@@ -110,17 +115,17 @@ class Precursors(Probe):
         for handle in self._handles:
             handle.remove()
         self._names = {id(m): name for name, m in model.named_modules()}
+        measured = [(name, m) for name, m in model.named_modules() if _owns_values(m)]
         self._handles = [
-            m.register_forward_hook(self._on_output(name))
-            for name, m in model.named_modules()
-            if _owns_values(m)
+            m.register_forward_hook(self._on_output(name, turn % PEAK_EVERY))
+            for turn, (name, m) in enumerate(measured)
         ]
         self._hooked = model
 
     # -- the step ------------------------------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
         self._reset()
-        self._active = True
+        self._active, self._step = True, ctx.step
         model = self.objects.model
         if model is not None and model is not self._hooked:
             self._hook(model)
@@ -151,9 +156,11 @@ class Precursors(Probe):
         return layout, torch.stack(values)  # NB: promoted to the widest dtype among them
 
     # -- module outputs ------------------------------------------------------------------
-    def _on_output(self, name: str) -> Callable[..., None]:
+    def _on_output(self, name: str, turn: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not self._active or torch.compiler.is_compiling():
+            if not self._active or self._step % PEAK_EVERY != turn:
+                return  # NB: half the modules a step, in turn: a trend needs no more
+            if torch.compiler.is_compiling():
                 return
             t = _first_floating(output)
             if t is None or t.numel() == 0:
@@ -162,12 +169,22 @@ class Precursors(Probe):
             if last is not None and (t is last or _same_values(t, last)):
                 return  # NB: a container handing on its last module's output (or a view)
             self._last = t
-            low, high = torch.aminmax(t.detach())
+            low, high = torch.aminmax(self._rows(t.detach()))
             self._peaks.append(self._site(ACTIVATION_PEAK, name, None, t.dtype))
             self._maxes.append(high)
             self._mins.append(low)
 
         return hook
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """A tensor of many rows (tokens, samples): every `ROWS_EVERY`-th, from a first that
+        moves on each time (an outlier feature sits in a channel, across every token); a
+        small one whole. NB: each pass over an activation costs a read of all of it."""
+        rows = x.numel() // x.shape[-1] if x.dim() >= 2 else 0
+        if rows < 4 * ROWS_EVERY or not x.is_contiguous():
+            return x
+        start = (self._step // PEAK_EVERY) % ROWS_EVERY
+        return x.view(-1, x.shape[-1])[start::ROWS_EVERY]
 
     def _site(self, metric: str, module: str | None, op: str | None, dtype: torch.dtype) -> Site:
         key = (metric, module, op, dtype)
