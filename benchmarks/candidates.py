@@ -9,6 +9,8 @@
   gradients costs (the sentinel's floor);
 - sentinel: nandoctor's step with the sentinel, read every step (what `diagnose` runs);
 - sentinel+snapshots: the same, plus the snapshot store (what `diagnose` really runs);
+- sentinel+forecast: the sentinel with the forecast's signals riding on its read
+  (`runtime.precursors`) and the forecaster judging them on the host (docs/forecast.md);
 - guard: the plain loop, unchanged, inside `with nandoctor.Guard(...)`: the hooks that
   follow a user's loop driving the same sentinel (what `Guard` and `watch` cost a step);
 - guard.step: each plain step passed to `guard.step(fn, batch)`: explicit hooks, the
@@ -34,7 +36,8 @@ import torch
 from nandoctor.guard import Guard
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
-from nandoctor.runtime.probe import Probe, StepContext
+from nandoctor.runtime.precursors import forecasting
+from nandoctor.runtime.probe import Probe, Probes, StepContext
 from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
@@ -137,6 +140,28 @@ class WithSentinel(Candidate):
             pass
 
 
+class WithForecast(Candidate):
+    """The sentinel, the precursors probe on its read, and the forecaster on the host."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.sentinel = Sentinel(session)
+        self.precursors, forecaster = forecasting(self.sentinel, session)
+        self.probes = Probes(self.sentinel, self.precursors)
+        self.recorder = Recorder(RunResult("healthy", 0, 0), forecaster=forecaster)
+
+    def attached(self) -> contextlib.AbstractContextManager[Any]:
+        """The probe's hooks and wrappers, on for this candidate's turn only."""
+        return self.precursors
+
+    def step(self, step: int, batch: Any) -> None:
+        run_step(self.session, step, batch, self.probes)
+        self.recorder.record(self.sentinel.collect())
+
+    def close(self) -> None:
+        self.recorder.record(self.sentinel.collect(final=True))
+
+
 class WithSnapshots(WithSentinel):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
@@ -219,14 +244,19 @@ class Watch(Candidate):
         super().__init__(session)
         self.run = HookedRun()
         self.sentinel = Sentinel(self.run)
-        self.recorder = Recorder(RunResult("healthy", 0, 0))
-        self.hooks = StepHooks(self.run, self.sentinel, on_step_end=self._step_ended)
+        # NB: a watched process forecasts too (`watch/child.py`)
+        self.precursors, forecaster = forecasting(self.sentinel, self.run)
+        self.recorder = Recorder(RunResult("healthy", 0, 0), forecaster=forecaster)
+        probes = Probes(self.sentinel, self.precursors)
+        self.hooks = StepHooks(self.run, probes, on_step_end=self._step_ended)
 
     def _step_ended(self, ctx: StepContext) -> None:
         self.recorder.record(self.sentinel.collect())
 
-    def attached(self) -> contextlib.AbstractContextManager[Any]:
-        return self.hooks
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        with self.precursors, self.hooks:
+            yield
 
 
 def available() -> dict[str, type[Candidate]]:
@@ -236,6 +266,7 @@ def available() -> dict[str, type[Candidate]]:
         "plain+norm": NormFloor,
         "sentinel": WithSentinel,
         "sentinel+snapshots": WithSnapshots,
+        "sentinel+forecast": WithForecast,
         "guard": WithGuard,
         "guard.step": GuardStep,
         "watch": Watch,

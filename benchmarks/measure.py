@@ -82,6 +82,7 @@ def step_times(
     rounds: int,
     steps: int,
     budget_s: float = STEP_BUDGET_S,
+    only: tuple[str, ...] | None = None,
 ) -> StepTimes:
     """Every candidate steps ONE session, in turn, a step each: a round is `steps` such
     turns, each in an order of its own (shuffled, seeded), and a candidate's ratio in a
@@ -90,7 +91,8 @@ def step_times(
     NB: one session, not a copy each. Two copies of the same run, both stepped by the
     plain loop, differ by up to 7% on a 2-core machine (where their memory lies), more
     than the overheads measured here; one session shared by all leaves only the
-    candidates' own work to differ. NB: shuffled, not rotated: a rotation keeps each
+    candidates' own work to differ (`only`: only these candidates, the plain loop among
+    them). NB: shuffled, not rotated: a rotation keeps each
     candidate behind the same one, and whoever follows a candidate with a session of its
     own (`transformers`) starts its step with that copy in the caches (rotated, the plain
     loop always followed it, and every ratio read up to 10% low on the MLP). Rounds and
@@ -101,6 +103,7 @@ def step_times(
     cands = {
         name: make(shared if make.shares_session else build_session(loaded))
         for name, make in available().items()
+        if only is None or name in only
     }
     batches = [b for _, b in itertools.islice(shared.batches, max(steps, 2))]
     warm = {name: _run(cand, batches[:2]) / 2 for name, cand in cands.items()}  # allocators

@@ -190,9 +190,10 @@ def test_guard_step_localises_the_seed_loop_as_diagnose_does():
     assert (first.op, first.tensor, first.value) == ("aten.log.default", "output", "-inf")
     assert first.source.endswith(f"test_api.py:{seed_loop_loss_line()}")
     assert [c.id for c in report.causes] == [c["id"] for c in expected["causes"]]
-    assert [(e.step, e.reason) for e in report.events] == [
-        (e["step"], e["reason"]) for e in expected["events"]
-    ]  # the skips rerun at loss scale 1 through the kept steps, as diagnose does
+    assert [(e.step, e.kind, e.reason, e.cause) for e in report.events] == [
+        (e["step"], e["kind"], e.get("reason"), e.get("cause")) for e in expected["events"]
+    ]  # the skips rerun at loss scale 1 through the kept steps, the forecasts: as diagnose's
+    assert [f.kind for f in report.forecast] == [f["kind"] for f in expected["forecast"]]
     assert report.evidence.update == expected_update(expected)
     assert all(c.verified is None for c in report.causes)  # nandoctor cannot rerun your loop
 

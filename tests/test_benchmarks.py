@@ -131,3 +131,20 @@ def test_the_short_step_explanation_is_for_misses_beyond_the_noise_only():
     assert "a few tenths of a millisecond" not in "\n".join(_missed([long_noisy]))
     real_long = step("transformer-bf16", 1539.0, 1.055)
     assert "a few tenths of a millisecond" not in "\n".join(_missed([real_long, short_real]))
+
+
+def test_the_forecast_benchmark_runs_and_rewrites_only_the_measured_part(tmp_path, capsys):
+    from benchmarks.forecast import main as forecast_main
+
+    page = tmp_path / "forecast.md"
+    page.write_text(
+        "# Forecast\n\nprose\n\n<!-- measured: start -->\nold\n<!-- measured: end -->\n"
+    )
+    args = ["--only", "seed-fp16-nan", "seed-fixed", "--out", str(page), "--size", "tiny"]
+    assert forecast_main([*args, "--rounds", "1", "--steps", "1"]) == 0
+    text = page.read_text()
+    assert text.startswith("# Forecast\n\nprose\n\n<!-- measured: start -->") and "old" not in text
+    assert "**1 of 1** growth failures forecast at least 10 steps before the failure" in text
+    assert "| seed-fp16-nan | 13 | log-of-softmax | 26 | 13 | 48% | yes |" in text
+    assert "| seed-fixed | 400 | yes | 0: none |" in text
+    assert "| mlp-fp32 |" in text and "sentinel+forecast / sentinel" in text

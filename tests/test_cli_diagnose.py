@@ -16,7 +16,7 @@ runner = CliRunner()
 
 SPEC_KEYS = {
     "schema_version", "tool", "command", "config", "environment", "status", "steps_completed",
-    "first_nonfinite", "causes", "transients", "events", "telemetry",
+    "first_nonfinite", "causes", "transients", "forecast", "events", "telemetry",
 }  # fmt: skip
 FIRST_NONFINITE_KEYS = {
     "step", "phase", "module", "op", "tensor", "value", "dtype", "shape", "count_nonfinite",
@@ -57,7 +57,10 @@ def test_json_to_stdout_holds_the_spec_fields():
     assert report["first_nonfinite"]["step"] == report["steps_completed"] > 0
     assert set(report["telemetry"]) == {"step", "loss", "grad_norm", "scale"}
     assert report["telemetry"]["loss"][-1] == "nan"  # JSON has no NaN literal
-    assert all(e["kind"] == "scaler-skip" for e in report["events"])
+    # its GradScaler's skips, and the forecasts that saw the failure coming
+    assert {e["kind"] for e in report["events"]} == {"scaler-skip", "forecast"}
+    forecast_keys = {e["cause"] for e in report["events"] if e["kind"] == "forecast"}
+    assert forecast_keys == {f["kind"] for f in report["forecast"]} >= {"log-of-softmax"}
 
 
 def test_json_file_is_written(tmp_path):

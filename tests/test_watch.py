@@ -59,11 +59,31 @@ def test_the_seed_script_fails_under_watch_where_diagnose_says(tmp_path):
     assert (first["op"], first["tensor"], first["reproduced"]) == (want["op"], "output", "exact")
     assert first["source"].endswith(f"seed_fp16_nan.py:{line_of(SEED_SCRIPT, 'torch.log(')}")
     assert [c["id"] for c in report["causes"]] == [c["id"] for c in expected["causes"]]
-    # the same skips, but watch cannot rerun a skip at loss scale 1: unchecked
-    assert [{**e, "reason": "unchecked"} for e in expected["events"]] == report["events"]
-    assert {e["reason"] for e in expected["events"]} == {"overflow"}
+    # the same skips, but watch cannot rerun a skip at loss scale 1: unchecked; and the
+    # same forecasts, fired at the same steps
+    skips = [e for e in expected["events"] if e["kind"] == "scaler-skip"]
+    assert [{**e, "reason": "unchecked"} for e in skips] == [
+        e for e in report["events"] if e["kind"] == "scaler-skip"
+    ]
+    assert {e["reason"] for e in skips} == {"overflow"}
+    assert [e for e in expected["events"] if e["kind"] == "forecast"] == [
+        e for e in report["events"] if e["kind"] == "forecast"
+    ]
+    assert report["forecast"] == expected["forecast"] != []
     assert report["steps_completed"] == expected["steps_completed"]
     assert report["environment"]["dtype"] == "float16" and report["environment"]["grad_scaler"]
+
+
+def test_a_forecast_is_one_line_the_moment_it_fires_and_fails_the_command_if_asked(tmp_path, capfd):
+    """The seed script stopped 10 steps before its failure: every step finite, yet its
+    softmax is seen heading for float16's underflow."""
+    options = ("--fail-on-forecast", "--no-replay")
+    code, report = watch(tmp_path, PY, str(SEED_SCRIPT), "16", options=options)
+    err = capfd.readouterr().err
+    assert code == 1 and report["status"] == "healthy"
+    (forecast,) = [f for f in report["forecast"] if f["kind"] == "log-of-softmax"]
+    line = f"nandoctor watch: forecast at step {forecast['step']}: log-of-softmax in about "
+    assert err.count(line) == 1 and "; fix: Use `F.cross_entropy(logits, target)`" in err
 
 
 @pytest.mark.parametrize(("exit_code", "status"), [(0, "healthy"), (7, "error")])

@@ -94,6 +94,7 @@ def diagnose(
     debug: bool = options.Debug,
     tensorboard_dir: str | None = options.TensorBoard,
     fail_on_divergence: bool = options.FailOnDivergence,
+    fail_on_forecast: bool = options.FailOnForecast,
 ) -> Outcome:
     """Replay the run, stop at the first non-finite step, and say where and why."""
     # NB: imported here, so that --help stays free of torch (SPEC: --help in 0.5 s)
@@ -153,11 +154,17 @@ def diagnose(
     if distributed.current_rank() != 0:  # rank 0 speaks for the job; the others end quietly
         return Outcome()
     report = _stopped_by_a_peer(report)
-    render_report(console, report, quiet=quiet, divergence_fails=fail_on_divergence)
+    render_report(
+        console,
+        report,
+        quiet=quiet,
+        divergence_fails=fail_on_divergence,
+        forecast_fails=fail_on_forecast,
+    )
     if tensorboard_dir:
         tensorboard.write_report(report, tensorboard_dir)
-    write_reports(report, outputs, fail_on_divergence)
-    return of_report(report, fail_on_divergence)
+    write_reports(report, outputs, fail_on_divergence, fail_on_forecast)
+    return of_report(report, fail_on_divergence, fail_on_forecast)
 
 
 def _stopped_by_a_peer(report: Report) -> Report:
@@ -243,18 +250,22 @@ def run_with_progress(
 
 
 def write_reports(
-    report: Report, outputs: dict[str, str | None], divergence_fails: bool = False
+    report: Report,
+    outputs: dict[str, str | None],
+    divergence_fails: bool = False,
+    forecast_fails: bool = False,
 ) -> None:
     """Every report asked for, each written atomically; `divergence_fails`
-    (`--fail-on-divergence`) makes Markdown and JUnit say failed where the exit code does."""
+    (`--fail-on-divergence`) and `forecast_fails` (`--fail-on-forecast`) make Markdown
+    and JUnit say failed where the exit code does."""
     from nandoctor.render.junit import render_junit
     from nandoctor.render.markdown import render_markdown
     from nandoctor.report.types import Report
 
     renderers: dict[str, Callable[[Report], str]] = {
         "--json": Report.to_json,
-        "--markdown": lambda r: render_markdown(r, divergence_fails),
-        "--junit": lambda r: render_junit(r, divergence_fails),
+        "--markdown": lambda r: render_markdown(r, divergence_fails, forecast_fails),
+        "--junit": lambda r: render_junit(r, divergence_fails, forecast_fails),
     }
     for option, path in outputs.items():
         if path:

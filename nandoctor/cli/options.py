@@ -163,3 +163,9 @@ FailOnDivergence = typer.Option(
     "--fail-on-divergence",
     help="Exit 1 when the loss or gradient norm diverged, even if every value stayed finite.",
 )
+FailOnForecast = typer.Option(
+    False,
+    "--fail-on-forecast",
+    help="Exit 1 when a forecast was made (a failure seen coming), even if every value "
+    "stayed finite.",
+)

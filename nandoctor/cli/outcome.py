@@ -14,6 +14,7 @@ either to SPEC.md's codes. No other module makes an exit code.
 | anything else nandoctor did not foresee (a full disk...) | 2 (never 1)             |
 | found: non-finite values, a failed gate, lint findings   | 1                       |
 | a divergence event, with `--fail-on-divergence`          | 1                       |
+| a forecast, with `--fail-on-forecast`                    | 1                       |
 | `watch`, nothing found                                   | the command's own code  |
 | nothing found                                            | 0                       |
 
@@ -64,24 +65,36 @@ def _error_code(error: BaseException) -> ExitCode:
     return ExitCode.USER_CODE  # torch.distributed's errors: another rank crashed or hung
 
 
-def of_report(report: Report, fail_on_divergence: bool = False) -> Outcome:
+def of_report(
+    report: Report, fail_on_divergence: bool = False, fail_on_forecast: bool = False
+) -> Outcome:
     """`diagnose`: a run that did not stay healthy, or failed its gate, found something;
     an interrupted one (also during the replay or the fix replays) says so. With
-    `--fail-on-divergence`, a divergence event counts as found too."""
+    `--fail-on-divergence`, a divergence event counts as found too; with
+    `--fail-on-forecast`, a forecast."""
     failed_gate = report.gate is not None and not report.gate.passed
     interrupted = report.status == "interrupted"
     if report.status == "error":  # the user's code ended the run (sys.exit): not a NaN
         return Outcome(passthrough=int(ExitCode.USER_CODE), interrupted=interrupted)
     diverged = fail_on_divergence and _diverged(report)
-    return Outcome(found=not report.healthy or failed_gate or diverged, interrupted=interrupted)
+    foreseen = fail_on_forecast and bool(report.forecast)
+    found = not report.healthy or failed_gate or diverged or foreseen
+    return Outcome(found=found, interrupted=interrupted)
 
 
-def of_watch(report: Report, command_code: int, fail_on_divergence: bool = False) -> Outcome:
-    """`watch`: 1 at a non-finite step (or a divergence, with `--fail-on-divergence`);
-    otherwise the watched command's own exit code (130 when it was interrupted, whatever
-    it crashed with)."""
+def of_watch(
+    report: Report,
+    command_code: int,
+    fail_on_divergence: bool = False,
+    fail_on_forecast: bool = False,
+) -> Outcome:
+    """`watch`: 1 at a non-finite step (or a divergence, with `--fail-on-divergence`; a
+    forecast, with `--fail-on-forecast`); otherwise the watched command's own exit code
+    (130 when it was interrupted, whatever it crashed with)."""
     diverged = fail_on_divergence and _diverged(report)
-    return Outcome(found=report.status == "nonfinite" or diverged, passthrough=command_code)
+    foreseen = fail_on_forecast and bool(report.forecast)
+    found = report.status == "nonfinite" or diverged or foreseen
+    return Outcome(found=found, passthrough=command_code)
 
 
 def of_baseline(report: Report) -> Outcome:

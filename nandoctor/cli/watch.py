@@ -45,6 +45,7 @@ def watch(
     debug: bool = options.Debug,
     tensorboard_dir: str | None = options.TensorBoard,
     fail_on_divergence: bool = options.FailOnDivergence,
+    fail_on_forecast: bool = options.FailOnForecast,
 ) -> Outcome:
     """Run CMD with the sentinel attached; exit 1 at the first non-finite step, else CMD's
     own exit code."""
@@ -90,11 +91,17 @@ def watch(
 
         opts = runner.WatchOptions(replay, replay_budget, to_stderr, kept_going=keep_going)
         watched = runner.watched(list(command), folder, code, opts, on_replay=on_replay)
-    render_report(console, watched.report, quiet=quiet, divergence_fails=fail_on_divergence)
+    render_report(
+        console,
+        watched.report,
+        quiet=quiet,
+        divergence_fails=fail_on_divergence,
+        forecast_fails=fail_on_forecast,
+    )
     if tensorboard_dir:
         tensorboard.write_report(watched.report, tensorboard_dir)
-    write_reports(watched.report, outputs, fail_on_divergence)
-    return of_watch(watched.report, watched.command_code, fail_on_divergence)
+    write_reports(watched.report, outputs, fail_on_divergence, fail_on_forecast)
+    return of_watch(watched.report, watched.command_code, fail_on_divergence, fail_on_forecast)
 
 
 # NB: what `watch` needs once the command has run, imported while it runs

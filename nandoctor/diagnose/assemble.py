@@ -78,6 +78,8 @@ def assemble(findings: Findings) -> Report:
         telemetry=f.result.telemetry,
         evidence=evidence_of(f.located),
         transients=f.located.transients if f.located is not None else [],
+        forecast=list(f.result.forecasts),
+        signals=f.result.signals,
         health=f.health,
         gate=f.gate,
         ranks=_ranks(f),

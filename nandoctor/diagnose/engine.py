@@ -107,6 +107,7 @@ def diagnose(
         # judged so far (a rank that waits for a hung rank 0 fails instead, and says why
         # in the job's store, where rank 0's report reads it: cli.diagnose)
         peer_hang_ends_run=ranks is not None and ranks.rank == 0,
+        forecast=True,
     )
     findings = Findings(
         "diagnose",

@@ -15,9 +15,9 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nandoctor.guard.api import Guard, NonFiniteError
+    from nandoctor.guard.api import ForecastWarning, Guard, NonFiniteError
 
-__all__ = ["Guard", "NonFiniteError"]
+__all__ = ["ForecastWarning", "Guard", "NonFiniteError"]
 
 
 def __getattr__(name: str) -> Any:

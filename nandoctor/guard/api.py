@@ -18,6 +18,11 @@ hooked run: `runtime.hooked.HookedRun`) and record its verdicts the same way
 and recheck each GradScaler skip at loss scale 1 (a NaN the scaler skipped is the
 failure, at its step); the `with` form cannot replay a loop it does not call, so its
 report names the step, the phase and the trends, and its skips are unchecked.
+
+Both forms also forecast (`runtime.precursors`, `report.forecaster`): the moment a signal's
+trend is seen to cross its limit, `on_forecast` is told (by default, one
+`ForecastWarning` line with the step and the steps left), and `guard.forecasts` holds
+every forecast so far, best first.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import torch
@@ -33,15 +39,18 @@ from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
-from nandoctor.errors import ExitCode, NandoctorError, UsageError, kind_of
+from nandoctor.errors import ExitCode, NandoctorError, UsageError, is_user_file, kind_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
+from nandoctor.render.forecast import warning_line
 from nandoctor.render.markdown import render_markdown
+from nandoctor.report.forecast import Forecast
 from nandoctor.report.types import Report
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
+from nandoctor.runtime.precursors import forecasting
 from nandoctor.runtime.probe import Probe, Probes, StepContext
 from nandoctor.runtime.recheck import ScaleOneRecheck
-from nandoctor.runtime.record import Recorder, RunResult
+from nandoctor.runtime.record import ForecastCallback, Recorder, RunResult
 from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
 from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
@@ -70,6 +79,24 @@ def _hint(report: Report) -> str | None:
     )
 
 
+class ForecastWarning(UserWarning):
+    """A failure seen coming: a signal's trend crosses its limit within the horizon."""
+
+
+def warn_forecast(forecast: Forecast) -> None:
+    """`Guard`'s default `on_forecast`: one warning, pointed at the user's own line."""
+    warnings.warn(warning_line(forecast), ForecastWarning, stacklevel=_user_level())
+
+
+def _user_level() -> int:
+    """The stack level of the innermost frame of the user's code (1: none found)."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 1
+
+
 class NonFiniteError(NandoctorError):
     """The first step whose values went non-finite; `.report` says where and why."""
 
@@ -95,6 +122,8 @@ class Guard:
     modules the step reads whose state changes from step to step (an EMA teacher, which
     `fn` updates): `guard.step`'s snapshots keep them, so a replay reads them as the step
     did (a second model the step trains, a GAN's, is met as the loop runs).
+    `on_forecast`: told each forecast as it first fires (default: `warn_forecast`, one
+    `ForecastWarning`); with `forecast=False` no signal is measured.
     """
 
     def __init__(
@@ -110,6 +139,8 @@ class Guard:
         raise_error: bool = True,
         recheck_skips: bool = True,
         modules: Sequence[torch.nn.Module] = (),
+        forecast: bool = True,
+        on_forecast: ForecastCallback | None = warn_forecast,
     ) -> None:
         _check_objects(model, optimizer, scaler)
         # NB: what the report says when the `with` form could not replay; a framework's
@@ -134,9 +165,16 @@ class Guard:
         # calls `fn` again for the steps since the last snapshot: see docs/api.md)
         self.rechecked: list[int] = []
         self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
-        self._probes = Probes(self.sentinel, self.lrs)
         self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
         self.recorder = Recorder(self.result)
+        probes: list[Probe] = [self.sentinel, self.lrs]
+        self._precursors = None
+        if forecast:  # NB: the signals ride on the sentinel's read; fired, on_forecast is told
+            self._precursors, forecaster = forecasting(self.sentinel, self.run)
+            self.recorder = Recorder(self.result, forecaster=forecaster, on_forecast=on_forecast)
+            probes.append(self._precursors)
+        self._probes = Probes(*probes)
+        self._watching = False  # the precursors' hooks and wrappers are on
         self.name = name  # NB: the report's `name`; its `config` is the script
         self.script = sys.argv[0] or "<python>"
         self.report: Report | None = None  # set at the first bad step
@@ -160,6 +198,7 @@ class Guard:
         if self.report is not None:
             return fn(*args, **kwargs)  # the guard has spoken; it no longer watches
         self._leave_hooked_mode()
+        self._watch_signals()
         step = self._next
         store = self._snapshots()
         kept = KeptStep.of(fn, args, kwargs, reuse=store.spare_batch())
@@ -204,6 +243,17 @@ class Guard:
             )
         return hooks
 
+    @property
+    def forecasts(self) -> list[Forecast]:
+        """Every forecast fired so far, best first."""
+        return self.result.forecasts
+
+    def _watch_signals(self) -> None:
+        """The precursors' wrappers go on at the first step, and off when the guard closes."""
+        if self._precursors is not None and not self._watching:
+            self._precursors.__enter__()
+            self._watching = True
+
     def _recheck(self, step: int) -> bool | None:
         """A GradScaler skip, rerun at loss scale 1 through the kept steps (`guard.step`);
         the `with` form keeps none, so its skips are unchecked."""
@@ -229,6 +279,7 @@ class Guard:
                 on_step_end=self._hooked_step,
             )
             self._hooked.__enter__()
+            self._watch_signals()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
@@ -278,6 +329,9 @@ class Guard:
         if self._hooked is not None:
             hooked, self._hooked = self._hooked, None
             hooked.__exit__(None, None, None)
+        if self._precursors is not None and self._watching:
+            self._precursors.__exit__(None, None, None)
+            self._watching = False
 
     def _stop_watching(self) -> None:
         """The `with` form's hooks go quiet, and come off when the guard closes (NB: a
@@ -286,6 +340,9 @@ class Guard:
         hooked = self._hooked
         if hooked is not None:
             hooked.probe, hooked.on_step_end = Probe(), None
+        if self._precursors is not None and self._watching:  # NB: its hooks on the model too
+            self._precursors.__exit__(None, None, None)
+            self._watching = False
 
     def _judge(self, final: bool = False) -> None:
         failure = self.recorder.record(self.sentinel.collect(final))
@@ -342,4 +399,4 @@ def _check_objects(model: Any, optimizer: Any, scaler: Any, name: str = "model")
             raise UsageError(f"Guard: {name} is {kind_of(value)}, expected {expected}")
 
 
-__all__ = ["Guard", "NonFiniteError"]
+__all__ = ["ForecastWarning", "Guard", "NonFiniteError", "warn_forecast"]

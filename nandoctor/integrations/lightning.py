@@ -11,17 +11,20 @@ With `raise_error=False` the trainer stops gracefully at the end of that batch i
 the report is. `report_path` writes the report there as JSON, either way. The guard
 watches through hooks (Lightning runs the step, so nothing can replay it): the report
 names the step, the phase and what the telemetry says, not the tensor. Steps are
-numbered like `trainer.global_step`.
+numbered like `trainer.global_step`. A forecast (a failure seen coming) is one warning
+through Lightning's logger (`lightning.pytorch.nandoctor`) the moment it fires, and in
+the report.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.integrations import MissingExtraError
-from nandoctor.integrations.notice import CALLBACK_NOTE, Handoff
+from nandoctor.integrations.notice import CALLBACK_NOTE, Handoff, forecast_logger
 from nandoctor.report.types import Report
 
 try:  # NB: the unified package first; its Callback is not the standalone package's
@@ -31,6 +34,8 @@ except ImportError:
         import pytorch_lightning as pl  # type: ignore[no-redef, import-not-found, unused-ignore]
     except ImportError:
         raise MissingExtraError("lightning", "lightning", "lightning") from None
+
+LOG = logging.getLogger(f"{pl.__name__}.nandoctor")
 
 
 class NandoctorCallback(pl.Callback):
@@ -54,6 +59,7 @@ class NandoctorCallback(pl.Callback):
             start_step=trainer.global_step,
             name=type(pl_module).__name__,
             raise_error=False,  # NB: the callback raises, once the report is handed over
+            on_forecast=forecast_logger(LOG),
         )
         self._guard.hooked_note = CALLBACK_NOTE
         for optimizer in trainer.optimizers[1:]:

@@ -10,13 +10,17 @@ Shared by the Lightning and transformers callbacks; framework-free.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from nandoctor.guard import NonFiniteError
+from nandoctor.render.forecast import warning_line
+from nandoctor.report.forecast import Forecast
 from nandoctor.report.types import Report
 
 NO_PATH = "the report is in callback.report (pass report_path= to write it to a file)"
@@ -81,3 +85,13 @@ class Handoff:
         if self.raise_error:
             raise NonFiniteError(report)
         announce(report, where)
+
+
+def forecast_logger(log: logging.Logger | Any) -> Callable[[Forecast], None]:
+    """The guard's `on_forecast` of a callback: one warning through the framework's
+    logger, the moment a forecast fires (the report holds it too)."""
+
+    def said(forecast: Forecast) -> None:
+        log.warning(warning_line(forecast))
+
+    return said

@@ -13,7 +13,9 @@ stderr says what happened and where the report is. `report_path` writes the repo
 as JSON, either way. The guard watches through hooks (the Trainer runs the step, so
 nothing can replay it): the report names the step, the phase and what the telemetry
 says, not the tensor. Steps are numbered like `state.global_step`; the GradScaler of
-`fp16=True` is found when it scales the first loss.
+`fp16=True` is found when it scales the first loss. A forecast (a failure seen coming)
+is one warning through transformers' logger (`transformers.nandoctor`) the moment it
+fires, and in the report.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ from typing import Any
 
 from nandoctor.guard import Guard
 from nandoctor.integrations import MissingExtraError
-from nandoctor.integrations.notice import CALLBACK_NOTE, Handoff
+from nandoctor.integrations.notice import CALLBACK_NOTE, Handoff, forecast_logger
 from nandoctor.report.types import Report
 
 try:
     from transformers import TrainerCallback
+    from transformers.utils import logging as hf_logging
 except ImportError:
     raise MissingExtraError("transformers", "transformers", "transformers") from None
+
+LOG = hf_logging.get_logger("transformers.nandoctor")
 
 
 class NandoctorCallback(TrainerCallback):
@@ -52,6 +57,7 @@ class NandoctorCallback(TrainerCallback):
             start_step=state.global_step,
             name=type(model).__name__,
             raise_error=False,  # NB: the callback raises, once the report is handed over
+            on_forecast=forecast_logger(LOG),
         )
         self._guard.hooked_note = CALLBACK_NOTE
         self._guard.__enter__()

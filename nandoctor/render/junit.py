@@ -10,17 +10,23 @@ import xml.etree.ElementTree as ET
 from nandoctor.causes.words import plural
 from nandoctor.report.comparison import Comparison
 from nandoctor.report.divergence import divergence_text, divergences
+from nandoctor.report.forecast import forecast_text
 from nandoctor.report.types import Report
 
 
-def render_junit(report: Report, divergence_fails: bool = False) -> str:
+def render_junit(
+    report: Report, divergence_fails: bool = False, forecast_fails: bool = False
+) -> str:
     """`divergence_fails`: `--fail-on-divergence` was given: the divergence is a test case
-    of its own, failed by any divergence event, as the exit code is."""
+    of its own, failed by any divergence event, as the exit code is; `forecast_fails`
+    (`--fail-on-forecast`): so is the forecast, failed by any forecast."""
     cases = [_finite_case(report)]
     if report.gate is not None:
         cases += [_case(c.name, c.message, not c.passed) for c in report.gate.checks]
     if divergence_fails:
         cases.append(_divergence_case(report))
+    if forecast_fails:
+        cases.append(_forecast_case(report))
     seconds = sum(report.timing.values())
     return _document(report.command, report.name or report.config, cases, seconds)
 
@@ -86,6 +92,13 @@ def _divergence_case(report: Report) -> ET.Element:
     message = "; ".join(divergence_text(e) for e in found)
     # NB: the body too (dashboards show it, not the attribute); the run's outcome after it
     return _case("no divergence", message, failed=True, details=f"{message}\n{report.summary}")
+
+
+def _forecast_case(report: Report) -> ET.Element:
+    if not report.forecast:
+        return _case("no forecast", "no signal's trend reached its limit", False)
+    message = "; ".join(forecast_text(f) for f in report.forecast)
+    return _case("no forecast", message, failed=True, details=f"{message}\n{report.summary}")
 
 
 def _case(

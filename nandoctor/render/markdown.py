@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from nandoctor.causes.words import plural, value_word
 from nandoctor.render.causes import snippet_pair
+from nandoctor.render.forecast import forecast_markdown
 from nandoctor.render.origin import library_frames, samples_text, source_line, transient_text
 from nandoctor.render.sparkline import sparkline
 from nandoctor.report.comparison import CompareRun, Comparison
 from nandoctor.report.divergence import divergence_text, divergences, fails_by_divergence
+from nandoctor.report.forecast import fails_by_forecast
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Cause, Report
 
@@ -68,15 +70,19 @@ _COMPARE_ROWS = {
 }
 
 
-def render_markdown(report: Report, divergence_fails: bool = False) -> str:
+def render_markdown(
+    report: Report, divergence_fails: bool = False, forecast_fails: bool = False
+) -> str:
     """`divergence_fails`: `--fail-on-divergence` was given, so a finite run that diverged
-    is titled failed, as its exit code says."""
-    lines = [_title(report, divergence_fails), "", report.summary, ""]
+    is titled failed, as its exit code says; `forecast_fails` (`--fail-on-forecast`): so
+    is a healthy run that carries a forecast."""
+    lines = [_title(report, divergence_fails, forecast_fails), "", report.summary, ""]
     lines += _environment(report)
     lines += _where(report)
     first = report.first_nonfinite
     line = source_line(first.source) if first is not None else None
     lines += _causes(report.causes, report.environment.grad_scaler, line)
+    lines += forecast_markdown(report.forecast, first.step if first is not None else None)
     lines += _gate(report)
     lines += _curves(report)
     if report.notes:
@@ -84,7 +90,7 @@ def render_markdown(report: Report, divergence_fails: bool = False) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _title(report: Report, divergence_fails: bool) -> str:
+def _title(report: Report, divergence_fails: bool, forecast_fails: bool = False) -> str:
     icon = ICONS.get(report.status, "⚠️")
     first = report.first_nonfinite
     what = f"non-finite at step {first.step} (phase {first.phase})" if first else report.status
@@ -93,6 +99,9 @@ def _title(report: Report, divergence_fails: bool) -> str:
     elif fails_by_divergence(report.status, report.events, divergence_fails):
         step = min(e.step for e in divergences(report.events))
         icon, what = ICONS["nonfinite"], f"diverged at step {step} (every step finite)"
+    elif first is None and fails_by_forecast(report.forecast, forecast_fails):
+        top = report.forecast[0]
+        icon, what = ICONS["nonfinite"], f"{top.kind} forecast at step {top.step}"
     name = f" `{report.name}`" if report.name else ""
     return f"## {icon} nandoctor {report.command}{name}: {what}"
 

@@ -8,7 +8,13 @@ with a GradScaler), `scaler_skips` (the running count of skipped steps); per eve
 `events/<kind>` (1 at the step: a scaler skip, a skipped batch; a divergence is written
 as `divergence/<metric>` with the value that set it off); per module, where the run
 measured it (`compare`, or a gate): `max_abs/<module>` and `max_abs_grad/<module>`, the
-peak magnitude, at the step it was seen (else the last step). The failure, when there is
+peak magnitude, at the step it was seen (else the last step). The forecast's signals, per
+step (`diagnose`, `watch`): `forecast/activation_peak`, `forecast/softmax_spread` and
+`forecast/attention_logit` (the largest of any module or softmax, as a fraction of its
+limit: 1 is the failure), `forecast/update_ratio/param_groups.<i>`,
+`forecast/grad_norm_growth` (the norm over the step before's), `forecast/skip_rate` and
+`forecast/loss_z`; each forecast is `events/forecast` and a text (`nandoctor/forecast`) at
+the step it fired. The failure, when there is
 one, is a text summary (`nandoctor/failure`) at its step: what happened and the causes.
 `compare` writes one run per dtype, in `DIR/<dtype>`, so they overlay in one chart.
 
@@ -24,6 +30,7 @@ from typing import Any
 
 from nandoctor.errors import UsageError
 from nandoctor.report.comparison import CompareRun, Comparison
+from nandoctor.report.forecast import forecast_text
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.types import Report
 
@@ -64,6 +71,7 @@ def write_report(report: Report, logdir: str | Path) -> None:
         if report.health is not None:
             for m in report.health.modules:
                 _module(writer, m.module, m.activation_absmax, m.gradient_absmax, last)
+        _signals(writer, report)
         if report.first_nonfinite is not None:
             writer.add_text(f"{PREFIX}/failure", failure_text(report), report.first_nonfinite.step)
 
@@ -116,6 +124,16 @@ def _telemetry(writer: Any, t: Telemetry, events: list[Event]) -> None:
             _scalar(writer, f"divergence/{e.metric}", e.value, e.step)
         else:
             _scalar(writer, f"events/{e.kind}", 1.0, e.step)
+
+
+def _signals(writer: Any, report: Report) -> None:
+    """The forecast's signals, a point a step, and each forecast as text where it fired."""
+    if report.signals is not None:
+        for name, (steps, values) in report.signals.points.items():
+            for step, value in zip(steps, values, strict=True):
+                _scalar(writer, f"forecast/{name}", value, step)
+    for f in report.forecast:
+        writer.add_text(f"{PREFIX}/forecast", f"**{f.kind}**: {forecast_text(f)}", f.step)
 
 
 def _module(writer: Any, module: str, act: float, grad: float | None, step: int) -> None:

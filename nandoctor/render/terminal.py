@@ -33,9 +33,11 @@ from rich.progress import (
 from rich.table import Table
 
 from nandoctor.render.causes import causes_block
+from nandoctor.render.forecast import fix_of
 from nandoctor.render.origin import origin_block, source_line
 from nandoctor.render.sparkline import column, sparkline
 from nandoctor.report.divergence import divergence_text, divergences, fails_by_divergence
+from nandoctor.report.forecast import fails_by_forecast, forecast_text, num, plural, where_text
 from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Report
 
@@ -106,13 +108,15 @@ def render_report(
     quiet: bool = False,
     command: str | None = None,
     divergence_fails: bool = False,
+    forecast_fails: bool = False,
 ) -> None:
     """The report's panel (or its quiet lines); `command`: the one that ran, where it is
     not the report's own (`baseline` runs a diagnose). `divergence_fails`: the run was
     asked to fail on a divergence (`--fail-on-divergence`): a finite run that diverged
-    is then headed as the failure its exit code says it is, not as healthy."""
+    is then headed as the failure its exit code says it is, not as healthy. A forecast
+    gets a FORECAST panel of its own, below (red with `--fail-on-forecast`)."""
     if quiet:
-        for line in quiet_lines(report, command, divergence_fails):
+        for line in quiet_lines(report, command, divergence_fails, forecast_fails):
             console.print(escape(line), soft_wrap=True)
         return
     style = {"healthy": "green", "nonfinite": "red"}.get(report.status, "yellow")
@@ -142,10 +146,41 @@ def render_report(
         body.append(f"[dim]note: {escape(note)}[/]")
     title = _title(report, divergence_fails)
     console.print(Panel(Group(*body), title=title, title_align="left", border_style=style))
+    forecast = forecast_panel(report, forecast_fails)
+    if forecast is not None:
+        console.print(forecast)
+
+
+def forecast_panel(report: Report, forecast_fails: bool = False) -> Panel | None:
+    """The FORECAST panel: each failure seen coming (best first), how long before the
+    failure it came when the run failed, and its cause's fix."""
+    if not report.forecast:
+        return None
+    first = report.first_nonfinite
+    body: list = []
+    for f in report.forecast:
+        lead = f", {first.step - f.step} steps before the failure" if first is not None else ""
+        due = f"in about {plural(f.eta_steps)} (step {f.due})"
+        seen = f"seen at step {f.step}{lead} · {f.confidence:.0%}"
+        body.append(f"[bold]{escape(f.kind)}[/] {due} · {seen}")
+        where = where_text(f).removeprefix(", ") or "the run"
+        op = f", {f.op}" if f.op else ""
+        body.append(escape(f"{where}{op}: {f.metric} {num(f.value)} of {num(f.limit)}; {f.why}"))
+        fix = fix_of(f.kind)
+        if fix:
+            body.append(f"[dim]fix: {escape(fix)}[/]")
+    failing = fails_by_forecast(report.forecast, forecast_fails)
+    head = "FORECAST" + (" (--fail-on-forecast)" if failing else "")
+    style = "red" if failing else "yellow"
+    title = f"[bold {style}]{head}[/]"
+    return Panel(Group(*body), title=title, title_align="left", border_style=style)
 
 
 def quiet_lines(
-    report: Report, command: str | None = None, divergence_fails: bool = False
+    report: Report,
+    command: str | None = None,
+    divergence_fails: bool = False,
+    forecast_fails: bool = False,
 ) -> list[str]:
     """A handful of lines that read well in a CI log."""
     env = report.environment
@@ -154,6 +189,8 @@ def quiet_lines(
         state += ", HEALTH CHECK FAILED"
     if fails_by_divergence(report.status, report.events, divergence_fails):
         state += ", DIVERGED"
+    if fails_by_forecast(report.forecast, forecast_fails):
+        state += ", FORECAST"
     lines = [f"nandoctor {command or report.command} {report.config}: {state}"]
     lines.append(f"  {report.summary}")
     if report.causes:
@@ -169,6 +206,7 @@ def quiet_lines(
     if skips is not None:  # NB: a healthy fp16 run's skips say whether they were rechecked
         scaler += f" ({skips})"
     lines += [f"  {divergence_text(e)}" for e in divergences(report.events)]
+    lines += [f"  forecast: {forecast_text(f)}" for f in report.forecast[:3]]
     lines.append(f"  {env.device} {env.dtype} {scaler} threads={env.threads}")
     return lines
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Event:
     step: int
-    kind: str  # scaler-skip | skipped-batch | divergence
+    kind: str  # scaler-skip | skipped-batch | divergence | forecast
     scale: float | None = None
     # a scaler-skip's: "overflow" (the gradients were finite at loss scale 1) or
     # "unchecked" (the driver could not rerun the step: Guard's hooks, watch)
@@ -22,6 +22,9 @@ class Event:
     metric: str | None = None
     value: float | None = None
     baseline: float | None = None
+    # a forecast's (report.forecast): the cause seen coming, and in how many steps
+    cause: str | None = None
+    eta_steps: int | None = None
 
 
 def scaler_skips(events: list[Event]) -> dict[str, int]:

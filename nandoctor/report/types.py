@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nandoctor.report.evidence import Evidence
+from nandoctor.report.forecast import Forecast
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import Health
+from nandoctor.report.signals import Curves
 from nandoctor.report.telemetry import Event, Telemetry
 
 SCHEMA_VERSION = 2  # 2: first_nonfinite.frames, transients
@@ -138,6 +140,7 @@ class Report:
     first_nonfinite: FirstNonfinite | None = None
     causes: list[Cause] = field(default_factory=list)
     transients: list[Transient] = field(default_factory=list)  # healed on the way
+    forecast: list[Forecast] = field(default_factory=list)  # failures seen coming, best first
     events: list[Event] = field(default_factory=list)
     telemetry: Telemetry = field(default_factory=Telemetry)
     evidence: Evidence | None = None  # what the instrumented replay of the bad step saw
@@ -148,6 +151,8 @@ class Report:
     name: str | None = None
     notes: list[str] = field(default_factory=list)
     tool: Tool = field(default_factory=Tool)
+    # NB: the forecast's signals a step, for TensorBoard: not in the JSON (not in `_ORDER`)
+    signals: Curves | None = field(default=None, compare=False)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -155,7 +160,7 @@ class Report:
         return self.status == "healthy"
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, signals=None))  # NB: not copied
         data["events"] = [_event_dict(e) for e in data["events"]]
         ordered = {k: data[k] for k in _ORDER if k in data}
         return jsonable(ordered)
@@ -185,19 +190,22 @@ def _reproduced_as_a_word(data: dict[str, Any]) -> dict[str, Any]:
 
 _ORDER = (
     "schema_version", "tool", "command", "name", "config", "environment", "status",
-    "steps_completed", "summary", "first_nonfinite", "causes", "transients", "events", "telemetry",
-    "evidence", "health", "gate", "ranks", "notes", "timing",
+    "steps_completed", "summary", "first_nonfinite", "causes", "transients", "forecast",
+    "events", "telemetry", "evidence", "health", "gate", "ranks", "notes", "timing",
 )  # fmt: skip
 
 
 def _event_dict(event: dict[str, Any]) -> dict[str, Any]:
     """Each kind of event with its own keys, as SPEC.md writes them: a divergence's
-    metric, value and baseline; a skip's scale and reason."""
-    own = ("scale", "reason") if event.get("kind") == "divergence" else _DIVERGENCE_KEYS
-    return {k: v for k, v in event.items() if k not in own}
+    metric, value and baseline; a forecast's cause and eta_steps; a skip's scale and
+    reason."""
+    own = _OWN_KEYS.get(event.get("kind") or "", _SKIP_KEYS)
+    return {k: v for k, v in event.items() if k in _COMMON_KEYS or k in own}
 
 
-_DIVERGENCE_KEYS = ("metric", "value", "baseline")
+_COMMON_KEYS = ("step", "kind")
+_SKIP_KEYS = ("scale", "reason")
+_OWN_KEYS = {"divergence": ("metric", "value", "baseline"), "forecast": ("cause", "eta_steps")}
 
 
 def jsonable(obj: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from nandoctor.errors import PeerFailure, UserCodeError, UserCodeOutOfMemory, UserExit
 from nandoctor.report.telemetry import Event
+from nandoctor.runtime.precursors import forecasting
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
 from nandoctor.runtime.record import Recorder, RunResult, StepCallback
@@ -38,6 +39,7 @@ def fast_run(
     user_exit_ends_run: bool = False,
     peer_hang_ends_run: bool = False,
     recheck_skips: bool = True,
+    forecast: bool = False,
 ) -> RunResult:
     """Run up to `steps` optimizer steps; stop at the first step the sentinel condemns.
 
@@ -58,18 +60,22 @@ def fast_run(
     machine's, and still raises); with
     `peer_hang_ends_run` (the rank that reports for a data-parallel job), so does another
     rank that hung (it stopped answering the collectives: its data, its model).
+    With `forecast` (one process only), the forecast's signals ride on the sentinel's read
+    (`runtime.precursors`) and the result carries the forecasts that fired.
     """
     result = RunResult("healthy", session.start_step, 0)
     if store is None and recheck_skips and session.scaler is not None:
         store = snapshot_store(session)  # NB: no scaler, no skip to recheck
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
     sentinel = Sentinel(session, ranks=session.ranks, thorough=thorough, recheck=recheck)
-    recorder = Recorder(result, store=store, on_step=on_step)
+    others = [probe] if probe is not None else []
+    forecaster = None
+    if forecast and session.ranks is None:
+        precursors, forecaster = forecasting(sentinel, session)
+        others.append(precursors)
+    recorder = Recorder(result, store=store, on_step=on_step, forecaster=forecaster)
     try:
-        with (
-            session.autocast_scope(),
-            Probes(sentinel, *([probe] if probe is not None else [])) as probes,
-        ):
+        with session.autocast_scope(), Probes(sentinel, *others) as probes:
             for step, batch in itertools.islice(batches or session.batches, steps):
                 if deadline is not None and time.perf_counter() > deadline:
                     result.status = "timeout"

@@ -5,7 +5,10 @@ sentinel's verdicts into it (`Recorder`), whoever drives the steps: the fast run
 Recording a verdict means: its telemetry, a GradScaler skip as an event (with its reason:
 an overflow, or unchecked), the first failure, and, when the run keeps snapshots, the
 snapshot of a streak of skips pinned at the streak's start (a collapse is replayed from
-there) and let go when it ends.
+there) and let go when it ends. With a forecaster (`report.forecaster`), each step that
+did not fail is also handed to it, with the signals the step carried
+(`runtime.precursors`): a forecast that fires is an event, kept in `forecasts`, and told
+to `on_forecast` (Guard's and watch's warning line).
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from nandoctor.errors import UserCodeError
+from nandoctor.report.forecast import Forecast
+from nandoctor.report.forecaster import Forecaster
+from nandoctor.report.signals import Curves
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
 
 StepCallback = Callable[[Verdict], None]
+ForecastCallback = Callable[[Forecast], None]
 
 
 @dataclass
@@ -34,6 +41,8 @@ class RunResult:
     step_seconds: list[float] = field(default_factory=list)  # wall time between verdicts
     ended_by: str | None = None  # status "error": the user's code ended the run (sys.exit)
     raised: UserCodeError | None = None  # status "error": ...by raising this
+    forecasts: list[Forecast] = field(default_factory=list)  # fired so far, best first
+    signals: Curves | None = None  # the forecast's signals a step, when they were measured
 
     @property
     def steps_completed(self) -> int:
@@ -56,8 +65,13 @@ class Recorder:
         *,
         store: SnapshotStore | None = None,
         on_step: StepCallback | None = None,
+        forecaster: Forecaster | None = None,
+        on_forecast: ForecastCallback | None = None,
     ) -> None:
         self.result, self.store, self.on_step = result, store, on_step
+        self.forecaster, self.on_forecast = forecaster, on_forecast
+        if forecaster is not None:
+            result.signals = forecaster.curves
         self.started = self._last = time.perf_counter()
 
     def record(self, verdicts: Iterable[Verdict]) -> Verdict | None:
@@ -86,12 +100,26 @@ class Recorder:
         result.telemetry.append(r.step, r.loss, r.grad_norm, r.scale)
         if v.skip_reason is not None:  # NB: a collapse's last skip is one too
             result.events.append(Event(r.step, "scaler-skip", r.scale, reason=v.skip_reason))
+        if self.forecaster is not None and not v.failed:
+            self._forecast(v)
         if self.store is not None:
             _keep_streak_start(self.store, v)
         if self.on_step is not None:
             self.on_step(v)
         if v.failed and result.failure is None:
             result.status, result.failure = "nonfinite", v
+
+    def _forecast(self, v: Verdict) -> None:
+        assert self.forecaster is not None
+        r, result = v.reading, self.result
+        fired = self.forecaster.observe(r.step, r.loss, r.grad_norm, r.scale, v.skipped, r.carried)
+        if not fired:
+            return
+        result.forecasts = self.forecaster.forecasts
+        for forecast in fired:
+            result.events.append(forecast.event())
+            if self.on_forecast is not None:
+                self.on_forecast(forecast)
 
 
 def _keep_streak_start(store: SnapshotStore, v: Verdict) -> None:
@@ -101,4 +129,4 @@ def _keep_streak_start(store: SnapshotStore, v: Verdict) -> None:
         store.unpin()
 
 
-__all__ = ["Recorder", "RunResult", "StepCallback"]
+__all__ = ["ForecastCallback", "Recorder", "RunResult", "StepCallback"]

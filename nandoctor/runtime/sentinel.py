@@ -5,6 +5,9 @@ at the end of the step it stacks flags and telemetry into one small tensor and r
 on the host: the only synchronisation it adds, once per step. On CUDA even that read is
 deferred by a step (a non-blocking copy into pinned memory plus an event), so the host
 never waits for the GPU to drain; the verdict of step N arrives after step N+1 was queued.
+A rider may add its own device values to that read (`Sentinel.carry`: the forecast's
+signals, `runtime.precursors`): they follow the row in the same copy, and come back on
+the step's `Reading.carried` (on the CPU, read as the step ends, like the rest).
 
 NB: on a short step every kernel counts (docs/performance.md: 1.03x the plain loop on a
 6 ms step leaves the sentinel 0.2 ms), so a value the host can judge is not judged on
@@ -137,6 +140,8 @@ class Reading:
     origin_ranks: tuple[int, ...] = ()  # ranks that went non-finite on their own
     inherited_ranks: tuple[int, ...] = ()  # ranks that only got it through the all-reduce
     aborted: bool = False  # the step raised before it ended (`Sentinel.step_aborted`)
+    # what a rider carried with the step's read (`Sentinel.carry`): its layout, the values
+    carried: tuple[Any, list[float]] | None = None
 
 
 @dataclass(slots=True)
@@ -232,6 +237,10 @@ class Sentinel(Probe):
         self._step_grads = StepGradients()  # NB: a GAN's other gradients, still the last step's
         self._judge = Judge.for_scaler(objects.scaler, recheck)
         self._judged_scaler = objects.scaler
+        # NB: a rider's values, read with the step's own read (the forecast's signals,
+        # `runtime.precursors`): called as the step ends, it gives (a layout, a 1-d tensor
+        # on the device) or None; not in a data-parallel run (one row a rank)
+        self.carry: Callable[[], tuple[Any, torch.Tensor] | None] | None = None
 
     # -- probe hooks: device work only -------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
@@ -329,9 +338,11 @@ class Sentinel(Probe):
     def step_ended(self, ctx: StepContext) -> None:
         device = self._device()
         has_scale = "scale" in self._flags
+        extra = self.carry() if self.carry is not None and self.ranks is None else None
         if self._reads_at_once(device):
             row = self._read_now(ctx)
-            self._pending.append(_Pending(ctx.step, row, None, has_scale, self._batches))
+            carried = (extra[0], extra[1].tolist()) if extra is not None else None
+            self._pending.append(_Pending(ctx.step, row, None, has_scale, self._batches, carried))
             self._forget_step()
             return
         if self._loss_parts > 1 and not ctx.losses_add_up:
@@ -340,14 +351,17 @@ class Sentinel(Probe):
         packed = torch.stack([self._slot(k, device) for k in _SLOTS])
         if self.ranks is not None:  # NB: one small all-reduce: every rank sees every rank's row
             packed = self.ranks.gather_rows(packed)
+        layout = None
+        if extra is not None:  # NB: the rider's values travel in the same read
+            layout, packed = extra[0], torch.cat([packed, extra[1].to(packed)])
         if self.defer:
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             host.copy_(packed, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self._pending.append(_Pending(ctx.step, host, event, has_scale, self._batches))
+            self._pending.append(_Pending(ctx.step, host, event, has_scale, self._batches, layout))
         else:
-            self._pending.append(_Pending(ctx.step, packed, None, has_scale, self._batches))
+            self._pending.append(_Pending(ctx.step, packed, None, has_scale, self._batches, layout))
         self._flags, self._batches = {}, []
 
     def step_aborted(self, ctx: StepContext) -> None:
@@ -433,15 +447,19 @@ class Sentinel(Probe):
         """Verdicts of the steps whose readings are ready; with `final`, of all of them."""
         keep = 0 if (final or not self.defer) else 1
         while len(self._pending) > keep:
-            step, values, event, has_scale, batches = self._pending.pop(0)
+            step, values, event, has_scale, batches, carried = self._pending.pop(0)
             if event is not None:
                 event.synchronize()
             if isinstance(values, list):  # read when the step ended
                 rows = [values]
+            elif carried is not None:  # NB: a rider's values after the row, in the same read
+                flat = values.tolist()
+                rows, carried = [flat[: len(_SLOTS)]], (carried, flat[len(_SLOTS) :])
             else:
                 rows = values.reshape(-1, len(_SLOTS)).tolist()  # NB: the one host read per step
             reading = _reading(step, rows, has_scale, self._sharded)
             reading.aborted = step == self._aborted
+            reading.carried = carried
             verdict = self._current_judge()(reading)
             if verdict.failed and verdict.phase is Phase.INPUT and verdict.step == step:
                 verdict.batches = batches
@@ -469,6 +487,8 @@ class _Pending(NamedTuple):
     event: torch.cuda.Event | None
     has_scale: bool
     batches: list[object]
+    # a rider's layout (its values follow the row in `values`), or (layout, values) read
+    carried: Any = None
 
 
 def _may_fail(row: list[float]) -> bool:

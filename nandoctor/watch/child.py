@@ -1,7 +1,8 @@
 """Inside a watched process: `diagnose`'s sentinel on the script's own loop, through
 `StepHooks`.
 
-On the first run it watches every step; at the first bad one it writes what it saw and
+On the first run it watches every step (and forecasts: a forecast that fires is one line
+on stderr at once, and goes in the report); at the first bad one it writes what it saw and
 stops the script (`SystemExit(1)`, so the script's `finally` blocks still run), or with
 `--continue` takes its hooks off and lets the script go on. On a replay run (the same
 command again, `trace_step` set) it watches up to that step, runs that one step under
@@ -27,6 +28,7 @@ from nandoctor.diagnose.lr_history import LrHistory
 from nandoctor.localize.reproduction import StepLoss
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
+from nandoctor.runtime.precursors import Precursors, forecasting
 from nandoctor.runtime.probe import Probe, Probes, StepContext
 from nandoctor.runtime.record import Recorder, RunResult
 from nandoctor.runtime.sentinel import Sentinel, Verdict
@@ -37,6 +39,7 @@ from nandoctor.watch.recheck import SkipRecheck
 if TYPE_CHECKING:
     from nandoctor.localize.tracer import Tracer
     from nandoctor.localize.update import UpdateTracker
+    from nandoctor.report.forecast import Forecast
 
 _attached: Watched | None = None
 UPDATE_WINDOW = 32  # on a replay, the steps before the bad one whose updates are measured
@@ -70,6 +73,11 @@ class Watched:
         self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
         self.result = RunResult("healthy", self.run.start_step, 0)
         self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
+        self.precursors: Precursors | None = None
+        if not tracing and not settings.recheck_steps:  # NB: the first run forecasts
+            self.precursors, forecaster = forecasting(self.sentinel, self.run)
+            self.recorder = Recorder(self.result, forecaster=forecaster, on_forecast=_said)
+            self.precursors.__enter__()
         self.recheck: SkipRecheck | None = None
         self.rechecked: dict[int, tuple[bool, bool]] = {}
         if settings.recheck_steps:  # a recheck run: the first run's skips, at loss scale 1
@@ -78,6 +86,8 @@ class Watched:
         probes: list[Probe] = [self.sentinel, self.lrs]
         if self.recheck is not None:
             probes.append(self.recheck)
+        if self.precursors is not None:
+            probes.append(self.precursors)
         self.hooks = StepHooks(
             self.run,
             Probes(*probes),
@@ -229,6 +239,8 @@ class Watched:
             "failure": _plain(result.failure) if result.failure else None,
             "telemetry": dataclasses.asdict(result.telemetry),
             "events": [dataclasses.asdict(e) for e in result.events],
+            "forecasts": [dataclasses.asdict(f) for f in result.forecasts],
+            "signals": dataclasses.asdict(result.signals) if result.signals else None,
             "environment": dataclasses.asdict(environment_of(self.run)),
             "facts": dataclasses.asdict(facts_of(self.run, result, lrs=self.lrs)),
         }
@@ -255,6 +267,8 @@ class Watched:
 
     def _detach(self) -> None:
         self.hooks.__exit__(None, None, None)
+        if self.precursors is not None:
+            self.precursors.__exit__(None, None, None)
         if self.recheck is not None:
             self.recheck.__exit__(None, None, None)
 
@@ -267,9 +281,19 @@ class Watched:
 
 def _plain(verdict: Verdict) -> dict[str, Any]:
     """The verdict as JSON data: the batch tensors it keeps for an input failure stay
-    here, described (the report is assembled in `watch`'s own process)."""
+    here, described (the report is assembled in `watch`'s own process), and so do the
+    forecast's signals its reading carried."""
     from nandoctor.localize.finding import batch_finding, named_fields
 
     found = batch_finding(verdict)
     named = named_fields(found) if found is not None else None
-    return dataclasses.asdict(dataclasses.replace(verdict, batches=[], batch_named=named))
+    reading = dataclasses.replace(verdict.reading, carried=None)
+    plain = dataclasses.replace(verdict, reading=reading, batches=[], batch_named=named)
+    return dataclasses.asdict(plain)
+
+
+def _said(forecast: Forecast) -> None:
+    """A forecast, the moment it fires: one line on stderr (the report has it too)."""
+    from nandoctor.render.forecast import warning_line  # NB: the catalog, only when needed
+
+    sys.stderr.write(warning_line(forecast, "nandoctor watch") + "\n")

@@ -13,6 +13,8 @@ from pydantic import TypeAdapter
 from nandoctor.causes.case import RunFacts
 from nandoctor.localize.finding import Finding
 from nandoctor.localize.replay import Localization
+from nandoctor.report.forecast import Forecast
+from nandoctor.report.signals import Curves
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.types import Environment
 from nandoctor.runtime.probe import Phase
@@ -93,11 +95,17 @@ def _run(data: dict[str, Any]) -> ChildRun:
         telemetry=Telemetry(**data["telemetry"]),
         events=[Event(**e) for e in data["events"]],
         seconds=data["seconds"],
+        forecasts=[Forecast(**f) for f in data.get("forecasts", [])],
+        signals=_curves(data.get("signals")),
     )
     # NB: validated, not splatted: the facts nest dataclasses (a scheduler's `LrJump`)
     facts = TypeAdapter(RunFacts).validate_python(data["facts"])
     env = Environment(**data["environment"])
     return ChildRun(data["pid"], result, env, facts, data.get("rank"), data.get("world_size"))
+
+
+def _curves(data: dict[str, Any] | None) -> Curves | None:
+    return TypeAdapter(Curves).validate_python(data) if data else None
 
 
 def _verdict(data: dict[str, Any]) -> Verdict:
