@@ -969,6 +969,227 @@ def test_a_guarded_model_saves_whole_and_copies_as_it_would_unguarded(form):
     assert all(not e._forward_pre_hooks and not e._forward_hooks for e in emas)
 
 
+FEATURES: dict[str, torch.Tensor] = {}
+
+
+def clamp_input(module, args):
+    """A user's own forward pre-hook (module-level: `torch.save(model)` pickles it)."""
+    return (args[0].clamp(-3, 3),)
+
+
+def keep_features(module, args, output):
+    """A user's own forward hook: a layer's features, kept for the loss or a log."""
+    FEATURES["first"] = output.detach()
+
+
+def hooks_of(model: nn.Module) -> dict[str, list]:
+    """Every module's hooks, their ids and kinds included: as torch keeps (and pickles) them."""
+    return {
+        name: [
+            dict(getattr(m, table))
+            for table in (
+                "_forward_pre_hooks",
+                "_forward_pre_hooks_with_kwargs",
+                "_forward_hooks",
+                "_forward_hooks_with_kwargs",
+                "_forward_hooks_always_called",
+            )
+        ]
+        for name, m in model.named_modules()
+    }
+
+
+def measured_modules(guard: Guard) -> set[str]:
+    """The modules whose output the forecast measured, as its values ride on the
+    sentinel's read (`Sentinel.carry`)."""
+    carry, seen = guard.sentinel.carry, set()
+
+    def take():
+        taken = carry()
+        if taken is not None:
+            seen.update(site.module for site in taken[0].peaks)
+        return taken
+
+    guard.sentinel.carry = take
+    return seen
+
+
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_with_the_forecast_on_each_module_keeps_its_own_hooks_alone_and_the_model_saves(form):
+    """The forecast measured each module's output through a hook on the module: the
+    model's own `torch.save(model)` raised "Can't pickle local object
+    'Precursors._on_output.<locals>.hook'", an EMA made by `copy.deepcopy(model)` carried
+    nandoctor's hooks, and every module with weights held a forward hook its user never
+    gave it. Now the forecast still measures them, and each module, its saved copy and
+    its deep copy hold the user's hooks, under the ids torch gave them, and nothing else."""
+    model, optimizer, batches, _ = tiny_loop()
+    model[0].register_forward_pre_hook(clamp_input)
+    model[0].register_forward_hook(keep_features)
+    own = hooks_of(model)
+    guard = Guard(model, optimizer)  # the forecast is on by default
+    measured = measured_modules(guard)
+    during, saved, copies = [], [], []
+
+    def step_save_and_copy(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y) + 1e-3 * FEATURES["first"].pow(2).mean()
+        during.append(hooks_of(model))  # the forward done, the forecast listening
+        loss.backward()
+        optimizer.step()
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        saved.append(buffer.getvalue())
+        copies.append(copy.deepcopy(model))
+        return loss.detach()
+
+    if form == "with":
+        with guard:
+            for batch in batches:
+                step_save_and_copy(batch)
+    else:
+        guarded(guard, step_save_and_copy, batches)
+        guard.close()
+    assert guard.report is None and measured == {"0", "2"}  # every module with weights
+    assert all(hooks == own for hooks in during) and hooks_of(model) == own
+    loaded = torch.load(io.BytesIO(saved[-1]), weights_only=False)
+    assert hooks_of(loaded) == own
+    assert all(hooks_of(c) == own for c in copies)
+
+
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_a_guarded_loop_takes_no_number_from_torch_s_count_of_hook_handles(form):
+    """torch numbers every hook handle from one count, and a module's hooks are kept (and
+    pickled with a model saved whole) under those numbers: the guard's global hooks, and
+    the forecast's each step, took numbers from it, so a hook the user registered
+    during the run got another id than unguarded. The count moves as in the plain loop."""
+    from torch.utils.hooks import RemovableHandle
+
+    def handles_taken(run) -> int:
+        before = RemovableHandle.next_id
+        run()
+        return RemovableHandle.next_id - before
+
+    model, optimizer, batches, train_step = tiny_loop()
+    plain = handles_taken(lambda: [train_step(batch) for batch in batches])
+    guard = Guard(model, optimizer)
+    if form == "with":
+
+        def run():
+            with guard:
+                for batch in batches:
+                    train_step(batch)
+    else:
+
+        def run():
+            guarded(guard, train_step, batches)
+            guard.close()
+
+    assert handles_taken(run) == plain
+
+
+class Compiled(nn.Module):
+    """A model whose middle block is compiled alone (the regional recipe)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(8, 16)
+        block = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        self.block = torch.compile(block, backend="aot_eager")
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.stem(x)))
+
+
+@pytest.mark.parametrize("compiled", ["a block", "the model"])
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_with_the_forecast_on_torch_compile_finds_no_global_hook_of_nandoctors(
+    form, compiled, recwarn
+):
+    """torch.compile warns ("Using `torch.compile(module)` when there are global hooks on
+    modules ...") at each call of a compiled module while any global module hook exists,
+    and traces the hook into its graph: the forecast's, on while the loss is computed,
+    stands aside while a compiled module runs, as the guard's own do."""
+    torch.manual_seed(0)
+    model = Compiled()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    called = torch.compile(model, backend="aot_eager") if compiled == "the model" else model
+    _, _, batches, _ = tiny_loop()
+    guard = Guard(model, optimizer)
+    measured = measured_modules(guard)
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(called(x), y).backward()
+        optimizer.step()
+
+    if form == "with":
+        with guard:
+            for batch in batches:
+                train_step(batch)
+    else:
+        guarded(guard, train_step, batches)
+        guard.close()
+    assert guard.report is None and guard.result.steps_completed == len(batches)
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]
+    # a compiled module's output is measured as it returns, as any module's (the root's
+    # too, in the turn its head is not); what runs inside it, never (its graph holds no hook)
+    assert measured == ({"", "stem", "block", "head"} if compiled == "a block" else {""})
+
+
+class Blocks(nn.Module):
+    """Repeated blocks, each compiled in place (`block.compile()`: no `OptimizedModule`,
+    torch compiles the block's own `_call_impl`, hooks included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(3))
+        self.head = nn.Linear(8, 3)
+        for block in self.blocks:
+            block.compile(backend="aot_eager")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("form", ["with", "step"])
+def test_with_the_forecast_on_blocks_compiled_in_place_compile_once_without_a_break(form):
+    """The forecast's hooks on each module were traced into the blocks' compiled code,
+    which torch then compiled again step after step (giving up after 8, and running them
+    uncompiled). Its one global hook now returns before anything of it is traced: each
+    block compiles once, with no graph break, as unguarded."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # NB: no graph of another test's in the caches
+    torch.manual_seed(0)
+    model = Blocks()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, _, batches, _ = tiny_loop()
+    guard = Guard(model, optimizer)
+    breaks = sum(counters["graph_break"].values())
+
+    def train_step(batch):
+        x, y = batch
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        if form == "with":
+            with guard:
+                for batch in batches:
+                    train_step(batch)
+        else:
+            guarded(guard, train_step, batches)
+            guard.close()
+    assert guard.result.steps_completed == len(batches)
+    assert sum(counters["graph_break"].values()) == breaks
+
+
 @pytest.mark.parametrize("given", ["model", "compiled"])
 @pytest.mark.parametrize("form", ["with", "step"])
 def test_a_guard_follows_the_compiled_module_the_loop_calls(form, given, recwarn):

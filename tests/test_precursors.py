@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import nandoctor
 from nandoctor.report.signals import (
     ACTIVATION_PEAK,
     ATTENTION_LOGIT,
@@ -244,3 +245,170 @@ def test_the_signals_ride_on_the_sentinel_s_read_the_same_either_way(at_once):
     assert set(read) == {ACTIVATION_PEAK, SOFTMAX_SPREAD, UPDATE_RATIO}
     assert verdict.reading.loss == pytest.approx(loss.item())
     assert forecaster.observe(0, verdict.reading.loss, 1.0, None, False, (layout, values)) == []
+
+
+WRAPPED = [
+    (torch, "softmax"),
+    (torch.Tensor, "softmax"),
+    (torch, "log_softmax"),
+    (torch.Tensor, "log_softmax"),
+    (torch, "log"),
+    (torch.Tensor, "log"),
+    (F, "scaled_dot_product_attention"),
+]
+
+
+def callables() -> list:
+    return [getattr(owner, name) for owner, name in WRAPPED]
+
+
+def guarded_loop(nan_at: int | None = None):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [torch.randn(2, 5, 8) for _ in range(4)]
+    if nan_at is not None:
+        batches[nan_at][0, 0, 0] = float("nan")
+
+    def train_step(x):
+        optimizer.zero_grad()
+        loss = -torch.log(torch.softmax(model(x), -1))[..., 0].mean()
+        loss.backward()
+        optimizer.step()
+
+    return model, optimizer, batches, train_step
+
+
+def raised_in_the_with_form():
+    model, optimizer, batches, train_step = guarded_loop()
+    with pytest.raises(KeyError), nandoctor.Guard(model, optimizer):
+        train_step(batches[0])
+        model(batches[1])  # the forecast listening: the loss under way
+        raise KeyError("the user's own")
+
+
+def raised_in_a_guard_step():
+    model, optimizer, batches, train_step = guarded_loop()
+    guard = nandoctor.Guard(model, optimizer)
+
+    def failing(x):
+        model(x)
+        raise KeyError("the user's own")
+
+    guard.step(train_step, batches[0])
+    with pytest.raises(KeyError):
+        guard.step(failing, batches[1])
+    # NB: never closed: the guard.step form need not be
+
+
+def failed_at_a_nan():
+    model, optimizer, batches, train_step = guarded_loop(nan_at=2)
+    with pytest.raises(nandoctor.NonFiniteError), nandoctor.Guard(model, optimizer):
+        for x in batches:
+            train_step(x)
+
+
+EXITS = {
+    "the user's exception in the with form": raised_in_the_with_form,
+    "the user's exception in guard.step": raised_in_a_guard_step,
+    "a NonFiniteError": failed_at_a_nan,
+}
+
+
+@pytest.mark.parametrize("leave", EXITS.values(), ids=EXITS)
+def test_every_way_out_gives_torch_its_own_callables_back(leave):
+    """The forecast wraps torch's softmaxes, logs and attention while it listens
+    (`runtime.wrappers`); however the run ends, each is the very object it was."""
+    from torch.nn.modules import module as nn_module
+
+    before = callables()
+    leave()
+    assert all(a is b for a, b in zip(callables(), before, strict=True))
+    assert not {"softmax", "log_softmax", "log"} & set(vars(torch.Tensor))
+    assert not nn_module._global_forward_hooks  # the forecast's hook too
+
+
+def test_between_guard_steps_torch_is_its_own():
+    """`guard.step` puts the forecast's wrappers and hook on for each step alone, as its
+    own hooks: a loop that never calls `guard.close()` leaves nothing in torch (they
+    stayed on from the first step until the guard closed)."""
+    model, optimizer, batches, train_step = guarded_loop()
+    guard = nandoctor.Guard(model, optimizer)
+    before, inside = callables(), []
+
+    def step_and_look(x):
+        inside.append(torch.softmax is before[0])
+        train_step(x)
+
+    for x in batches:
+        guard.step(step_and_look, x)
+        assert all(a is b for a, b in zip(callables(), before, strict=True))
+    assert inside == [False] * len(batches)  # wrapped inside each step: the forecast listened
+    assert guard.report is None
+
+
+class Told:
+    """A listener that counts what it is told."""
+
+    def __init__(self) -> None:
+        self.softmaxes: list[str] = []
+
+    def softmax_called(self, op, x, dim, out) -> None:
+        self.softmaxes.append(op)
+
+    def attention_called(self, args, kwargs) -> None:
+        pass
+
+    def log_called(self, x) -> None:
+        pass
+
+
+def test_a_user_s_torch_function_mode_sees_each_call_once_and_the_listener_is_told_once():
+    """A user's `TorchFunctionMode` keeps working while the wrappers are on: torch hands
+    it a method as it finds it on `torch.Tensor`, the wrapper then (the identity a mode
+    may compare with, as docs/forecast.md says), and the mode's call of it reaches the
+    wrapper again, which tells the listener once."""
+    from torch.overrides import TorchFunctionMode
+
+    from nandoctor.runtime import wrappers
+
+    class Seen(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.funcs: list = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.funcs.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, told = torch.randn(2, 3), Told()
+    original = torch.softmax
+    wrappers.listen_softmaxes(told)
+    try:
+        with Seen() as mode:
+            x.softmax(-1)
+            torch.softmax(x, -1)
+        assert mode.funcs == [torch.Tensor.softmax, original]  # the wrapper; torch's own
+    finally:
+        wrappers.stop_listening_softmaxes(told)
+    assert told.softmaxes == [softmax_watch.SOFTMAX] * 2
+
+
+def test_a_patch_the_user_puts_over_a_wrapper_stays_when_the_listening_ends():
+    """Each callable is restored to its own object only where the wrapper still is: a
+    replacement the user made during the run is the user's to keep."""
+    from nandoctor.runtime import wrappers
+
+    told, original = Told(), torch.log_softmax
+
+    def mine(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    wrappers.listen_softmaxes(told)
+    torch.log_softmax = mine
+    try:
+        wrappers.stop_listening_softmaxes(told)
+        assert torch.log_softmax is mine
+    finally:
+        torch.log_softmax = original
+    assert not {"softmax", "log_softmax", "log"} & set(vars(torch.Tensor))  # the rest: theirs

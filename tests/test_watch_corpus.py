@@ -132,6 +132,11 @@ def test_a_failing_script_runs_as_it_does_plain_and_fails_at_the_step_it_printed
 HEALTHY = [
     ("ema", [], "an EMA made by copy.deepcopy(model), every state dict saved, the EMA whole"),
     ("hf", [], "transformers' Trainer.train on a tiny GPT-2"),
+    (
+        "hooks",
+        ["--backend", "aot_eager"],
+        "hooks of its own, a block compiled alone, saved whole and deep-copied each epoch",
+    ),
 ]
 
 

@@ -174,7 +174,7 @@ class Guard:
             self.recorder = Recorder(self.result, forecaster=forecaster, on_forecast=on_forecast)
             probes.append(self._precursors)
         self._probes = Probes(*probes)
-        self._watching = False  # the precursors' hooks and wrappers are on
+        self._watching = False  # the precursors' hook and wrappers are on
         self.name = name  # NB: the report's `name`; its `config` is the script
         self.script = sys.argv[0] or "<python>"
         self.report: Report | None = None  # set at the first bad step
@@ -198,20 +198,23 @@ class Guard:
         if self.report is not None:
             return fn(*args, **kwargs)  # the guard has spoken; it no longer watches
         self._leave_hooked_mode()
-        self._watch_signals()
         step = self._next
         store = self._snapshots()
         kept = KeptStep.of(fn, args, kwargs, reuse=store.spare_batch())
         store.before_step(step, kept, copied=True, grads=self._carried)
         hooks = self._step_hooks(step)
-        with hooks:
-            try:
-                ctx = hooks.begin(named_batch(args, kwargs))
-                out = fn(*args, **kwargs)
-            except BaseException:
-                hooks.abandon()
-                raise
-            hooks.end()
+        self._watch_signals()  # NB: for the step alone, as its hooks: nothing left between
+        try:
+            with hooks:
+                try:
+                    ctx = hooks.begin(named_batch(args, kwargs))
+                    out = fn(*args, **kwargs)
+                except BaseException:
+                    hooks.abandon()
+                    raise
+                hooks.end()
+        finally:
+            self._unwatch_signals()
         self._carried = not ctx.stepped
         if self._carried:
             self._stepless(step)
@@ -249,10 +252,16 @@ class Guard:
         return self.result.forecasts
 
     def _watch_signals(self) -> None:
-        """The precursors' wrappers go on at the first step, and off when the guard closes."""
+        """The precursors' hook and wrappers go on: for each `guard.step`, or from entering
+        the `with` block until the guard closes (`_unwatch_signals`)."""
         if self._precursors is not None and not self._watching:
             self._precursors.__enter__()
             self._watching = True
+
+    def _unwatch_signals(self) -> None:
+        if self._precursors is not None and self._watching:
+            self._precursors.__exit__(None, None, None)
+            self._watching = False
 
     def _recheck(self, step: int) -> bool | None:
         """A GradScaler skip, rerun at loss scale 1 through the kept steps (`guard.step`);
@@ -329,9 +338,7 @@ class Guard:
         if self._hooked is not None:
             hooked, self._hooked = self._hooked, None
             hooked.__exit__(None, None, None)
-        if self._precursors is not None and self._watching:
-            self._precursors.__exit__(None, None, None)
-            self._watching = False
+        self._unwatch_signals()
 
     def _stop_watching(self) -> None:
         """The `with` form's hooks go quiet, and come off when the guard closes (NB: a
@@ -340,9 +347,7 @@ class Guard:
         hooked = self._hooked
         if hooked is not None:
             hooked.probe, hooked.on_step_end = Probe(), None
-        if self._precursors is not None and self._watching:  # NB: its hooks on the model too
-            self._precursors.__exit__(None, None, None)
-            self._watching = False
+        self._unwatch_signals()
 
     def _judge(self, final: bool = False) -> None:
         failure = self.recorder.record(self.sentinel.collect(final))

@@ -82,11 +82,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as nn_module
-from torch.optim import optimizer as optim_module
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.runtime import amp, calls
+from nandoctor.runtime import amp, calls, global_hooks
 from nandoctor.runtime import wrappers as patches
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe, StepContext
@@ -134,8 +132,9 @@ class StepHooks:
         # NB: the given model's name, until a step trained without calling it (said once)
         self._given = type(model).__name__ if model is not None and warn else None
         self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._handles: list[Any] = []
-        self._module_handles: list[Any] = []  # the global module hooks, until the light ones
+        self._handles: list[global_hooks.Handle] = []
+        # the global module hooks, until the light ones
+        self._module_handles: list[global_hooks.Handle] = []
         self._light = False  # the model's calls alone are followed: no global module hook
         self._followed: nn.Module | None = None  # the model, its calls seen at its class
         self._compiled = 0  # compiled modules' calls under way: the global hooks stand aside
@@ -172,8 +171,8 @@ class StepHooks:
         """Attach; attached again after `__exit__`, it resumes where it left off (the
         light hooks included)."""
         self._handles = [
-            optim_module.register_optimizer_step_pre_hook(self._optimizer_pre),
-            optim_module.register_optimizer_step_post_hook(self._optimizer_post),
+            global_hooks.optimizer_step_pre(self._optimizer_pre),
+            global_hooks.optimizer_step_post(self._optimizer_post),
         ]
         self._attached = True
         if not self._light:
@@ -188,15 +187,15 @@ class StepHooks:
     def __exit__(self, *exc: object) -> None:
         patches.unregister(self)
         calls.unfollow(self)
-        _remove_module_hooks(self._module_handles)
-        _remove(self._handles)
+        global_hooks.remove(self._module_handles)
+        global_hooks.remove(self._handles)
         self._attached, self._compiled = False, 0
 
     def _hook_modules(self) -> None:
         self._module_handles = [
-            nn_module.register_module_forward_pre_hook(self._pre),
+            global_hooks.module_forward_pre(self._pre),
             # NB: one post hook, not two: every module call pays each global hook
-            nn_module.register_module_forward_hook(self._post, with_kwargs=True, always_call=True),
+            global_hooks.module_forward(self._post, with_kwargs=True, always_call=True),
         ]
 
     def _follow(self, model: nn.Module) -> None:
@@ -274,7 +273,7 @@ class StepHooks:
     def _stand_aside(self) -> None:
         self._compiled += 1
         if self._compiled == 1:
-            _remove_module_hooks(self._module_handles)
+            global_hooks.remove(self._module_handles)
 
     def _step_back(self) -> None:
         self._compiled = max(0, self._compiled - 1)
@@ -569,7 +568,7 @@ class StepHooks:
         self._given = None
 
     def _go_light(self) -> None:
-        _remove_module_hooks(self._module_handles)
+        global_hooks.remove(self._module_handles)
         self._light = True
 
     def _phase(self, ctx: StepContext, phase: Phase, batch: Any) -> None:
@@ -590,19 +589,3 @@ def _grad_mark(
         if g is not None and type(g) is torch.Tensor:
             return p, weakref.ref(g), g._version
     return None
-
-
-def _remove_module_hooks(handles: list[Any]) -> None:
-    """NB: a global forward hook's handle leaves its id in torch's `with_kwargs` table,
-    which alone makes `torch.compile(module)` warn about global hooks at every call, for
-    good: the id goes too."""
-    with_kwargs = getattr(nn_module, "_global_forward_hooks_with_kwargs", {})
-    for handle in handles:
-        with_kwargs.pop(handle.id, None)
-    _remove(handles)
-
-
-def _remove(handles: list[Any]) -> None:
-    for handle in handles:
-        handle.remove()
-    handles.clear()

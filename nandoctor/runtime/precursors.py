@@ -6,15 +6,16 @@ Per step, without a host read of its own:
 - each module's largest |output| (one `aminmax` a call of a module with weights of its own
   or modules inside: not an activation's, a dropout's; the modules take turns, each
   measured every `PEAK_EVERY` steps, on every `ROWS_EVERY`-th of its rows), against the
-  value where
-  it makes the run fail (`report.limits.overflow_limit`: 65504 in float16; 1.8e19 in
-  float32 and bfloat16, whose square overflows);
-- each softmax and log_softmax: the widest spread (max - min) of its rows (one pass, each
-  row's min and max; a row holding a masked position, a gap beyond `MASK_GAP`: -inf,
-  the dtype's minimum, -1e4, counts 0), against the spread past which its smallest
-  probability rounds to 0 in the dtype it ran in (`report.limits.underflow_spread`:
-  17.3 in float16); and whether its output went to a log (the one case where that zero
-  is a failure);
+  value where it makes the run fail (`report.limits.overflow_limit`: 65504 in float16;
+  1.8e19 in float32 and bfloat16, whose square overflows); seen by one global forward
+  hook while the loss is computed (`Precursors`: nothing on the model);
+- each softmax and log_softmax (wrapped in torch while the probe listens:
+  `runtime.wrappers`, `runtime.softmax_watch`): the widest spread (max - min) of its
+  rows (one pass, each row's min and max; a row holding a masked position, a gap beyond
+  `MASK_GAP`: -inf, the dtype's minimum, -1e4, counts 0), against the spread past which
+  its smallest probability rounds to 0 in the dtype it ran in
+  (`report.limits.underflow_spread`: 17.3 in float16); and whether its output went to a
+  log (the one case where that zero is a failure);
 - the largest attention logit: of a softmax over a 4-d input (eager attention), or of
   scaled-dot-product attention, recomputed for at most `ATTENTION_ROWS` query rows of
   the batch's first sequence (attention's own kernels never hold the logits);
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -42,7 +43,7 @@ from torch import nn
 from nandoctor.report.forecaster import Forecaster
 from nandoctor.report.limits import dtype_max, overflow_limit, underflow_spread
 from nandoctor.report.signals import ACTIVATION_PEAK, ATTENTION_LOGIT, SOFTMAX_SPREAD, Layout, Site
-from nandoctor.runtime import softmax_watch
+from nandoctor.runtime import calls, global_hooks, softmax_watch, wrappers
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.sentinel import MIN_SCALE, Sentinel
 from nandoctor.runtime.state import TrainingObjects
@@ -68,15 +69,28 @@ def forecasting(sentinel: Sentinel, objects: TrainingObjects) -> tuple[Precursor
 
 
 class Precursors(Probe):
-    forward_phase = False  # NB: its own hooks see every module's output
+    """The signals of a step, measured while it runs. Nothing is put on the model (a hook
+    on it would be pickled by `torch.save(model)` and copied by `copy.deepcopy(model)`):
+    its modules' outputs are seen by one global module forward hook, on only while the
+    step's loss is computed (the LOSS phase, the model's forward inside) and filtered to
+    the model's modules. It stands aside while a `torch.compile`d module runs, as
+    `StepHooks`' global hooks do (torch warns about any global hook at each call of a
+    compiled module, and traces it into its graph), and measures that module's output as
+    it returns (`call_ended`); compiled code traces nothing of it (`is_compiling` first)."""
+
+    forward_phase = False  # NB: its own hook sees every module's output
 
     def __init__(self, objects: TrainingObjects) -> None:
         self.objects = objects
         self._active = False
         self._step = 0
-        self._hooked: nn.Module | None = None
-        self._handles: list[Any] = []
+        self._turn = 0  # the turn whose modules are measured this step
+        self._model: nn.Module | None = None  # the model whose modules are known
         self._names: dict[int, str] = {}  # id(module) -> its dotted path
+        self._turns: dict[int, tuple[str, int]] = {}  # id(measured module) -> path, turn
+        self._window = False  # the loss is being computed: the model's outputs are measured
+        self._compiled = 0  # compiled modules' calls under way: the hook stands aside
+        self._handle: global_hooks.Handle | None = None  # the global hook, while it is on
         self._sites: dict[tuple, Site] = {}  # NB: made once each (a dataclass a call costs)
         self._logged: set[tuple[str | None, str, str]] = set()  # softmaxes seen logged
         self._last: torch.Tensor | None = None  # the last output measured (a container's)
@@ -98,52 +112,88 @@ class Precursors(Probe):
 
     # -- attach --------------------------------------------------------------------------
     def __enter__(self) -> Precursors:
-        softmax_watch.listen(self)
-        if self.objects.model is not None:  # NB: else at the step the model is known
-            self._hook(self.objects.model)
+        wrappers.listen_softmaxes(self)
+        calls.follow_compiled(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        softmax_watch.stop_listening(self)
-        for handle in self._handles:
-            handle.remove()
-        self._handles, self._hooked, self._active = [], None, False
+        self._close_window()
+        calls.unfollow(self)
+        wrappers.stop_listening_softmaxes(self)
+        self._active, self._compiled = False, 0
 
-    def _hook(self, model: nn.Module) -> None:
-        """Each module's output, from the first step the model is known (a hooked run
-        meets it at its first forward)."""
-        for handle in self._handles:
-            handle.remove()
+    def _know(self, model: nn.Module) -> None:
+        """The model's modules: each one's path, and of those whose output is measured,
+        the turn (modules take turns, `PEAK_EVERY`)."""
         self._names = {id(m): name for name, m in model.named_modules()}
         measured = [(name, m) for name, m in model.named_modules() if _owns_values(m)]
-        self._handles = [
-            m.register_forward_hook(self._on_output(name, turn % PEAK_EVERY))
-            for turn, (name, m) in enumerate(measured)
-        ]
-        self._hooked = model
+        self._turns = {id(m): (name, turn % PEAK_EVERY) for turn, (name, m) in enumerate(measured)}
+        self._model = model
+
+    # -- the global hook's window: the loss phase -------------------------------------------
+    def _open_window(self) -> None:
+        model = self.objects.model
+        if model is None:
+            return
+        if model is not self._model:
+            self._know(model)  # NB: a hooked run meets its model at its first forward
+        self._window = True
+        self._arm()
+
+    def _close_window(self) -> None:
+        self._window, self._last = False, None  # NB: hold no output past the forward
+        self._disarm()
+
+    def _arm(self) -> None:
+        if self._handle is None and self._window and not self._compiled:
+            self._handle = global_hooks.module_forward(self._on_output)
+
+    def _disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def call_started(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """A compiled module's call begins (`calls.follow_compiled`): the hook stands aside."""
+        self._compiled += 1
+        self._disarm()
+
+    def call_ended(
+        self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any
+    ) -> None:
+        """...and ends: its output is measured here, as the module's (the model's own, for
+        `torch.compile(model)`); what ran inside it, never (its graph holds no hook)."""
+        self._compiled = max(0, self._compiled - 1)
+        self._arm()
+        if self._window and output is not None:
+            inner = getattr(module, "_orig_mod", module)
+            self._measure(module if id(module) in self._turns else inner, output)
 
     # -- the step ------------------------------------------------------------------------
     def step_started(self, ctx: StepContext) -> None:
+        self._close_window()  # NB: a step the user's loop abandoned mid-forward
         self._reset()
         self._active, self._step = True, ctx.step
-        model = self.objects.model
-        if model is not None and model is not self._hooked:
-            self._hook(model)
+        self._turn = ctx.step % PEAK_EVERY
 
     def phase_started(self, ctx: StepContext, phase: Phase) -> None:
-        if phase is Phase.LOSS and self._hooked is None and self.objects.model is not None:
-            self._hook(self.objects.model)  # NB: a hooked run's first step
+        if phase is Phase.LOSS:
+            self._open_window()
         elif phase is Phase.OPTIMIZER:
+            self._close_window()
             self._before = self._weights_before()
+        elif phase is Phase.BACKWARD:
+            self._close_window()  # NB: a loss the hooks could not see end (not a scalar)
 
     def phase_ended(self, ctx: StepContext, phase: Phase) -> None:
         if phase is Phase.LOSS:
-            self._last = None  # NB: hold no output past the forward
+            self._close_window()
         elif phase is Phase.OPTIMIZER and self._before is not None:
             self._update_norms(*self._before)
             self._before = None
 
     def step_ended(self, ctx: StepContext) -> None:
+        self._close_window()
         self._active = False
         self._reset()
 
@@ -156,25 +206,28 @@ class Precursors(Probe):
         return layout, torch.stack(values)  # NB: promoted to the widest dtype among them
 
     # -- module outputs ------------------------------------------------------------------
-    def _on_output(self, name: str, turn: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if not self._active or self._step % PEAK_EVERY != turn:
-                return  # NB: half the modules a step, in turn: a trend needs no more
-            if torch.compiler.is_compiling():
-                return
-            t = _first_floating(output)
-            if t is None or t.numel() == 0:
-                return
-            last = self._last
-            if last is not None and (t is last or _same_values(t, last)):
-                return  # NB: a container handing on its last module's output (or a view)
-            self._last = t
-            low, high = torch.aminmax(self._rows(t.detach()))
-            self._peaks.append(self._site(ACTIVATION_PEAK, name, None, t.dtype))
-            self._maxes.append(high)
-            self._mins.append(low)
+    def _on_output(self, module: nn.Module, args: Any, output: Any) -> None:
+        """The global forward hook: every module's call while the window is open."""
+        if torch.compiler.is_compiling():  # NB: first: a compiled region traces nothing of it
+            return
+        self._measure(module, output)
 
-        return hook
+    def _measure(self, module: nn.Module, output: Any) -> None:
+        """The model's modules alone, half of them a step, in turn (a trend needs no more)."""
+        measured = self._turns.get(id(module))
+        if measured is None or measured[1] != self._turn or not self._active:
+            return
+        t = _first_floating(output)
+        if t is None or t.numel() == 0:
+            return
+        last = self._last
+        if last is not None and (t is last or _same_values(t, last)):
+            return  # NB: a container handing on its last module's output (or a view)
+        self._last = t
+        low, high = torch.aminmax(self._rows(t.detach()))
+        self._peaks.append(self._site(ACTIVATION_PEAK, measured[0], None, t.dtype))
+        self._maxes.append(high)
+        self._mins.append(low)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """A tensor of many rows (tokens, samples): every `ROWS_EVERY`-th, from a first that

@@ -1,33 +1,54 @@
-"""The few places PyTorch offers no global hook, wrapped once and shared by every listener.
+"""Every global patch nandoctor makes: the few places PyTorch offers no global hook,
+wrapped while someone listens and given back after.
 
 PyTorch has global hooks for module forwards and optimizer steps, but none for "backward
 was called on this loss", "this loss was scaled by a GradScaler", "this GradScaler step
 began and ended" (a skipped step never calls `optimizer.step()`), "the gradients were
-unscaled" or "the gradients were clipped to N". This module wraps exactly those callables:
+unscaled" or "the gradients were clipped to N" (`StepHooks`, following a user's loop:
+`register`), nor for "a softmax ran, on these logits" (the forecast's precursors, whose
+softmaxes can sit outside any module, in the user's loss: `listen_softmaxes`; a
+`TorchFunctionMode` would cost every torch call of every step). Each set is wrapped
+exactly here, while it has a listener:
 
-    torch.autograd.backward                (Tensor.backward calls it through the module)
-    torch.amp.GradScaler.scale / .step / .unscale_
-                                           (torch.cuda.amp.GradScaler inherits them)
-    torch.nn.utils.clip_grad_norm_         (both names users import it under, and the
-                                           scaling it calls: a name imported before the
-                                           patch still reaches that)
-    torch.nn.utils.clip_grads_with_norm_   (that scaling's public name, after
-                                           `get_total_norm`: accelerate clips so)
+    steps:      torch.autograd.backward     (Tensor.backward calls it through the module)
+                torch.amp.GradScaler.scale / .step / .unscale_
+                                            (torch.cuda.amp.GradScaler inherits them)
+                torch.nn.utils.clip_grad_norm_
+                                            (both names users import it under, and the
+                                            scaling it calls: a name imported before the
+                                            patch still reaches that)
+                torch.nn.utils.clip_grads_with_norm_
+                                            (that scaling's public name, after
+                                            `get_total_norm`: accelerate clips so)
+    softmaxes:  torch.softmax, torch.Tensor.softmax   (F.softmax and nn.Softmax call it)
+                torch.log_softmax, torch.Tensor.log_softmax   (F.log_softmax calls it)
+                torch.log, torch.Tensor.log    (to see a softmax's output logged)
+                torch.nn.functional.scaled_dot_product_attention
 
-The wrappers are installed when the first listener registers and removed when the last
-one leaves, so nested guards (a `Guard` inside a watched script) compose in any order.
-A wrapper with no listener left behaves exactly like the original.
+A set is installed when its first listener registers and restored when its last one
+leaves (`_Patches`), so nested guards (a `Guard` inside a watched script) compose in any
+order; each attribute comes back as the very object it was (`torch.softmax is` the
+original again). While a set is on, code that compares those callables by identity sees
+the wrappers (`functools.wraps` keeps their names and docs), and so does a user's
+`TorchFunctionMode`, which torch hands `torch.Tensor.softmax` as it finds it there. A
+wrapper calls the original and tells its listeners, host-side only; with no listener left
+it behaves exactly like the original. (`runtime.calls` wraps the followed modules'
+classes' `__call__` and `torch.compile` itself: a patch of one module's class, for as long
+as that module is followed.)
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
+from nandoctor.runtime import softmax_watch
 from nandoctor.setup.scaler import explain_float16_unscale
 
 
@@ -51,58 +72,121 @@ class Listener(Protocol):
     def unscaled(self) -> None: ...
 
 
-_listeners: list[Listener] = []
-_originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original), in install order
+_ABSENT = object()  # an attribute the owner had not itself (a class's, inherited)
+
+
+class _Patches:
+    """A set of global patches, on while at least one listener is registered: the first
+    to register installs them (`install`), the last to leave restores each attribute as it
+    was: the very object the owner held (`torch.softmax is` the original again), or none
+    where the owner only inherited it (a `torch.Tensor` method of its C base shows through
+    again). An attribute replaced since by someone else (a user's own patch over ours) is
+    left to its owner."""
+
+    def __init__(self, name: str, install: Callable[[_Patches], None]) -> None:
+        self.name, self.install = name, install
+        self.listeners: list[Any] = []
+        self._saved: list[tuple[Any, str, Any, Any]] = []  # owner, name, its own, ours
+
+    def register(self, listener: Any) -> None:
+        if not self.listeners:
+            try:
+                self.install(self)
+            except BaseException:
+                self._restore()  # NB: never half installed
+                raise
+        self.listeners.append(listener)
+
+    def unregister(self, listener: Any) -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+        if not self.listeners:
+            self._restore()
+
+    def patch(self, owner: Any, name: str, wrap: Callable[[Any], Any]) -> None:
+        """Replace `owner.name` by `wrap(what it is now)`; refused for an attribute another
+        set (or this one) has patched already: one wrapper a callable."""
+        key = (id(owner), name)
+        if key in _patched:
+            raise RuntimeError(f"nandoctor: {name} is patched twice ({_patched[key]}, {self.name})")
+        ours = wrap(getattr(owner, name))
+        self._saved.append((owner, name, vars(owner).get(name, _ABSENT), ours))
+        _patched[key] = self.name
+        setattr(owner, name, ours)
+
+    def _restore(self) -> None:
+        while self._saved:  # NB: in reverse order of install
+            owner, name, own, ours = self._saved.pop()
+            del _patched[(id(owner), name)]
+            if vars(owner).get(name, _ABSENT) is not ours:
+                continue  # NB: replaced since: left to whoever replaced it
+            if own is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
+
+
+_patched: dict[tuple[int, str], str] = {}  # (id(owner), name) -> the set that patched it
 
 
 def register(listener: Listener) -> None:
-    if not _listeners:
-        _install()
-    _listeners.append(listener)
+    """`listener` is told of backward, the GradScaler's steps and clipping (`Listener`)."""
+    _STEPS.register(listener)
 
 
 def unregister(listener: Listener) -> None:
-    if listener in _listeners:
-        _listeners.remove(listener)
-    if not _listeners:
-        _uninstall()
+    _STEPS.unregister(listener)
 
 
-def _install() -> None:
+def listen_softmaxes(listener: softmax_watch.Listener) -> None:
+    """`listener` is told of each softmax, log_softmax, scaled-dot-product attention and
+    log call (`softmax_watch.Listener`)."""
+    _SOFTMAXES.register(listener)
+
+
+def stop_listening_softmaxes(listener: softmax_watch.Listener) -> None:
+    _SOFTMAXES.unregister(listener)
+
+
+def _install_steps(patches: _Patches) -> None:
     import torch.nn.utils.clip_grad as clip_grad  # NB: the same function as torch.nn.utils'
 
-    _patch(torch.autograd, "backward", _wrap_backward)
-    _patch(torch.amp.GradScaler, "scale", _wrap_scale)
-    _patch(torch.amp.GradScaler, "step", _wrap_scaler_step)
-    _patch(torch.amp.GradScaler, "unscale_", _wrap_unscale)
+    patches.patch(torch.autograd, "backward", _wrap_backward)
+    patches.patch(torch.amp.GradScaler, "scale", _wrap_scale)
+    patches.patch(torch.amp.GradScaler, "step", _wrap_scaler_step)
+    patches.patch(torch.amp.GradScaler, "unscale_", _wrap_unscale)
     clip = _wrap_clip(torch.nn.utils.clip_grad_norm_)
-    for owner in (torch.nn.utils, clip_grad):
-        _originals.append((owner, "clip_grad_norm_", owner.clip_grad_norm_))
-        owner.clip_grad_norm_ = clip  # type: ignore[attr-defined]  # re-exported there
+    for owner in (torch.nn.utils, clip_grad):  # NB: one wrapper under both names
+        patches.patch(owner, "clip_grad_norm_", lambda _: clip)
     if hasattr(clip_grad, "_clip_grads_with_norm_"):  # NB: torch >= 2.6
         # `from torch.nn.utils import clip_grad_norm_` binds the function before any patch,
         # but it scales the gradients through this module-level name, looked up per call
-        _patch(clip_grad, "_clip_grads_with_norm_", _wrap_clip)
+        patches.patch(clip_grad, "_clip_grads_with_norm_", _wrap_clip)
     if hasattr(torch.nn.utils, "clip_grads_with_norm_"):
         # the same function's public name: `get_total_norm` then `clip_grads_with_norm_`,
         # the split form accelerate's `clip_grad_norm_` (and the Trainer's clip) imports
-        _patch(torch.nn.utils, "clip_grads_with_norm_", _wrap_clip)
+        patches.patch(torch.nn.utils, "clip_grads_with_norm_", _wrap_clip)
 
 
-def _uninstall() -> None:
-    while _originals:
-        owner, name, original = _originals.pop()
-        setattr(owner, name, original)
+def _install_softmaxes(patches: _Patches) -> None:
+    """NB: `F.softmax` and `F.log_softmax` are not wrapped themselves: they call
+    `input.softmax(dim)`, whose wrapper sees the call, so no function of
+    `torch.nn.functional` but scaled-dot-product attention changes identity."""
+    softmax = functools.partial(_wrap_softmax, op=softmax_watch.SOFTMAX)
+    log_softmax = functools.partial(_wrap_softmax, op=softmax_watch.LOG_SOFTMAX)
+    for owner in (torch, torch.Tensor):
+        patches.patch(owner, "softmax", softmax)
+        patches.patch(owner, "log_softmax", log_softmax)
+        patches.patch(owner, "log", _wrap_log)
+    patches.patch(F, "scaled_dot_product_attention", _wrap_attention)
 
 
-def _patch(owner: Any, name: str, wrap: Callable[[Any], Any]) -> None:
-    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    _originals.append((owner, name, original))
-    setattr(owner, name, wrap(original))
+_STEPS = _Patches("steps", _install_steps)
+_SOFTMAXES = _Patches("softmaxes", _install_softmaxes)
 
 
 def _each(method: str, *args: Any) -> None:
-    for listener in list(_listeners):
+    for listener in list(_STEPS.listeners):
         getattr(listener, method)(*args)
 
 
@@ -210,3 +294,52 @@ def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(parameters, max_norm, *args, **kwargs)
 
     return clip_grad_norm_
+
+
+# -- softmaxes (the forecast's: `softmax_watch` says what each call tells its listeners) --
+_inside = threading.local()  # NB: a wrapper reached again from within (a user's mode)
+
+
+def _outermost(original: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """The original's result, and whether this call is the outermost of the softmaxes'
+    wrappers: with a `TorchFunctionMode` of the user's active, torch hands the mode the
+    method as it finds it on `torch.Tensor` (the wrapper), and a mode that calls it
+    reaches the wrapper again; the listeners are told once."""
+    depth = getattr(_inside, "depth", 0)
+    _inside.depth = depth + 1
+    try:
+        return original(*args, **kwargs), depth == 0
+    finally:
+        _inside.depth = depth
+
+
+def _wrap_softmax(original: Callable[..., Any], op: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def softmax(*args: Any, **kwargs: Any) -> Any:
+        out, outermost = _outermost(original, args, kwargs)
+        if outermost and _SOFTMAXES.listeners:
+            softmax_watch.tell_softmax(_SOFTMAXES.listeners, op, args, kwargs, out)
+        return out
+
+    return softmax
+
+
+def _wrap_attention(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+        out, outermost = _outermost(original, args, kwargs)
+        if outermost and _SOFTMAXES.listeners:
+            softmax_watch.tell_attention(_SOFTMAXES.listeners, args, kwargs)
+        return out
+
+    return scaled_dot_product_attention
+
+
+def _wrap_log(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def log(*args: Any, **kwargs: Any) -> Any:
+        if _SOFTMAXES.listeners and not getattr(_inside, "depth", 0):
+            softmax_watch.tell_log(_SOFTMAXES.listeners, args, kwargs)
+        return _outermost(original, args, kwargs)[0]
+
+    return log
