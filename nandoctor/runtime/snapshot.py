@@ -404,7 +404,10 @@ class SnapshotStore:
 
     @property
     def nbytes(self) -> int:
-        kept = {id(s): s for s in [*self._snapshots, self._pinned] if s is not None}
+        """Bytes the store holds: its snapshots' buffers (kept, pinned, or spare, waiting
+        to be reused) and its batches'."""
+        held = [*self._snapshots, self._pinned, *self._spare]
+        kept = {id(s): s for s in held if s is not None}
         return sum(s.nbytes for s in kept.values()) + self.batch_nbytes
 
     @property
@@ -427,7 +430,12 @@ class SnapshotStore:
         return self.every
 
     def _capture(self, step: int, grads: bool = False) -> None:
-        reuse = self._spare.pop() if self._spare else StateSnapshot()
+        # NB: with two kept, the older is the one this capture drops: its buffers take the
+        # copy (a spare beside the two kept would hold a third copy of the state)
+        if len(self._snapshots) >= 2 and self._snapshots[0] is not self._pinned:
+            reuse = self._snapshots.pop(0)
+        else:
+            reuse = self._spare.pop() if self._spare else StateSnapshot()
         reuse.capture(self.objects, step, grads)
         self._snapshots.append(reuse)
         while len(self._snapshots) > 2:
