@@ -209,3 +209,15 @@ def test_a_time_budget_for_a_distributed_run_is_refused_before_any_rank_starts()
     assert result.exit_code == 2
     assert "error: --time-budget is not supported in distributed runs yet" in result.output
     assert "rank" not in result.output
+
+
+def test_the_run_keeps_the_memory_its_steps_free_for_the_next(project, monkeypatch):
+    # diagnose and baseline run the loop in this process: glibc's thresholds are set first
+    # (tests/test_host_memory.py: what they change)
+    from nandoctor.runtime import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1) or True)
+    result = invoke("diagnose", str(project(base_config())), "--steps", "2", "-q")
+    assert result.exit_code == 0, result.output
+    assert calls == [1]
