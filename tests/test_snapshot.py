@@ -267,3 +267,16 @@ def test_every_replay_of_a_step_sees_its_batch_as_the_run_did(project, tmp_path)
         for step, batch in store.rewind_to(2):
             SessionSteps(session).run(step, batch, probe)
     assert probe.seen[2][0] == probe.seen[2][1] == probe.seen[2][2]
+
+
+def test_an_optimizer_without_state_is_snapshotted_every_k_steps_too(project, tmp_path):
+    """SGD without momentum never has a state to size the period by: the shortest one,
+    not a snapshot every step (a capture and RNG states each step, on the fast path)."""
+    session = build_session(load_config(project(base_config(steps=40))))
+    assert session.optimizer.defaults["momentum"] == 0
+    store = SnapshotStore(session)
+    run(session, store, Probe(), AUTO_MIN_EVERY + 4)
+    assert not session.optimizer.state
+    last = AUTO_MIN_EVERY + 3
+    assert [s for s, _ in store.rewind_to(last)] == list(range(AUTO_MIN_EVERY, last + 1))
+    assert store.rewind_to(AUTO_MIN_EVERY - 1)[0][0] == 0

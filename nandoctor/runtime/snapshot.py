@@ -418,8 +418,12 @@ class SnapshotStore:
     def _every(self) -> int:
         if self.every is None:
             _, optimizer = model_and_optimizer(self.objects)
-            if not optimizer.state:  # Adam & co. create their state at step 0
-                return 1
+            # NB: no state yet (Adam & co. create theirs at their first update, which a
+            # GradScaler may skip) or none ever (SGD without momentum): the shortest
+            # period, asked again at each step until the state is there to size it (a
+            # capture every step until then made a stateless run capture every step)
+            if not optimizer.state:
+                return AUTO_MIN_EVERY
             size = state_bytes(self.objects)
             period = math.ceil(size / AUTO_BYTES_PER_STEP)
             batch = max((tensor_bytes(b) for b in self._batches.values()), default=0)
