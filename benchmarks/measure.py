@@ -63,7 +63,7 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
 
 
 # NB: the seconds of stepping one workload's candidates may take, at most
-STEP_BUDGET_S = 240.0
+STEP_BUDGET_S = 30.0
 
 
 @dataclass
@@ -248,25 +248,6 @@ def time_to_diagnosis(
     pairs = _beside_plain(loaded, failing_step, DiagnoseOptions(verify=False))
     anomaly = _timed(lambda: _loop_until(loaded, failing_step, anomaly=True))
     return DiagnosisTime(**pairs.fields(failing_step), anomaly_s=anomaly)
-
-
-@dataclass
-class VerifiedTime(_TimeToAnswer):
-    """Every applicable fix replayed."""
-
-    verdicts: list[str] = field(default_factory=list)  # per cause: id and verification
-
-
-def time_to_verified_diagnosis(
-    workload: Workload, size: str, device: str, failing_step: int
-) -> VerifiedTime:
-    """`diagnose` with verification (no budget cut: every fix is replayed), next to the
-    plain loop reaching the failing step: the answer a user gets instead of anomaly mode's."""
-    loaded = workload.config(size, failing_step + 10, device, nan_at=failing_step)
-    options = DiagnoseOptions(verify=True, verify_budget=float("inf"))
-    pairs = _beside_plain(loaded, failing_step, options)
-    verdicts = [f"{c.id}: {c.verification}" for c in pairs.report.causes]
-    return VerifiedTime(**pairs.fields(failing_step), verdicts=verdicts)
 
 
 @dataclass

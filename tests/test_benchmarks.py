@@ -15,13 +15,17 @@ from benchmarks.run import main
 def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     results = tmp_path / "results.json"
     args = ["--size", "tiny", "--rounds", "1", "--steps", "1", "--failing-step", "4"]
-    args += ["--verified-workload", "mlp-fp16", "--verified-failing-step", "40"]
-    args += ["--workloads", "mlp-fp16", "--start-up-repeats", "1"]
+    args += ["--process-workloads", "mlp-wide-fp32", "--process-seconds", "0.1"]
+    args += ["--process-pairs", "1", "--verified-milestone", "10", "--verified-pairs", "1"]
+    args += ["--workloads", "mlp-fp16", "mlp-wide-fp32", "--start-up-repeats", "1"]
     args += ["--out", "-", "--json", str(results)]
     assert main(args) == 0
-    page = capsys.readouterr().out
+    out = capsys.readouterr()
+    page = out.out
     for heading in (
         "## Targets",
+        "## Whole process",
+        "### Time to a verified diagnosis (mlp-wide-fp32, learning rate jumping at step 10)",
         "## Step time",
         "## Host reads per step",
         "## Time to diagnosis",
@@ -30,18 +34,26 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     ):
         assert heading in page
     assert "nandoctor found: step 4, phase input" in page
-    assert "nandoctor found: step 40, phase input" in page
-    assert "- nonfinite-input: with batches holding NaN or inf skipped, applied from step" in page
     assert "`sentinel` step time / plain, mlp-fp16" in page
+    assert "| `diagnose` whole process / plain script, mlp-wide-fp32 |" in page
+    assert "| `diagnose` system time / plain script's, mlp-wide-fp32 |" in page
     assert "| loop | plain+norm | sentinel |" in page  # the floor beside what it bounds
     assert "| start-up of `nandoctor lint train.py` (one training script) |" in page
+    # each figure said what it found as it came, with the minutes so far
+    assert "min] whole process, mlp-wide-fp32 (" in out.err
+    assert "min] verified time to diagnosis: " in out.err
     figures = json.loads(results.read_text())
     # the store measured at its largest: two snapshots of the whole state, Adam's included
     assert figures["snapshot_memory"]["ratio"] > 1.0
-    for name in ("time_to_diagnosis", "time_to_verified_diagnosis"):
-        ratios = figures[name]["ratios"]  # side by side, pair by pair
-        assert len(ratios) == DIAGNOSIS_REPEATS
-        assert figures[name]["ratio"] == statistics.median(ratios)
+    ratios = figures["time_to_diagnosis"]["ratios"]  # side by side, pair by pair
+    assert len(ratios) == DIAGNOSIS_REPEATS
+    assert figures["time_to_diagnosis"]["ratio"] == statistics.median(ratios)
+    (whole,) = figures["process"]  # each arm launched once, its own usage measured
+    assert {arm: len(runs) for arm, runs in whole["usage"].items()} == {
+        "plain": 1, "plain+malloc": 1, "diagnose": 1
+    }  # fmt: skip
+    assert whole["usage"]["diagnose"][0]["ended"]["status"] == "healthy"
+    assert all(u["peak_mib"] > 0 and u["user_s"] > 0 for u in whole["usage"]["plain"])
 
 
 def _step(sentinel: float, floor: float) -> dict:
