@@ -1,6 +1,7 @@
 """Whole processes, as a user times them: `nandoctor diagnose CONFIG --steps N` beside a
 plain script of the same loop (benchmarks/plain_loop.py), start-up included, each with
-its system time and peak memory (the child's own rusage, from `os.wait4`).
+its system time and peak memory (its own rusage, from `os.wait4` in a small launcher:
+`LAUNCHER`).
 
 The processes of a figure run in pairs, the order alternating (plain first, then
 diagnose first: the machine's load drifts over minutes), and every ratio is taken within
@@ -111,15 +112,19 @@ def process_times(
 
 
 def _ratios(usage: dict[str, list[Usage]]) -> dict[str, Spread]:
-    """diagnose over the plain loop: wall, user + system (cpu), system time and peak
-    memory; `own`: wall time over the plain loop with diagnose's malloc settings."""
+    """diagnose over the plain loop: wall, the loop alone, user + system (cpu), system
+    time and peak memory; `own`: wall time over the plain loop with diagnose's malloc
+    settings."""
 
     def ratio(value: Callable[[Usage], float], over: str = "plain") -> Spread:
         pairs = zip(usage["diagnose"], usage[over], strict=True)
         return Spread.of([value(d) / max(value(p), 1e-9) for d, p in pairs])
 
+    loops = zip(usage["diagnose"], usage["plain"], strict=True)
     return {
         "wall": ratio(lambda u: u.wall_s),
+        # the loop alone, start-up and exit aside: diagnose's run_s over the plain loop's
+        "loop": Spread.of([d.ended["timing"]["run_s"] / p.ended["loop_s"] for d, p in loops]),
         "cpu": ratio(lambda u: u.user_s + u.sys_s),
         "sys": ratio(lambda u: u.sys_s),
         "peak": ratio(lambda u: u.peak_mib),
@@ -241,14 +246,35 @@ class _Files:
         return usage
 
 
+# NB: the launch itself runs in a fresh, small process: a child's peak memory (ru_maxrss)
+# counts its parent's resident set at the moment it was spawned (Linux accounts the memory
+# the exec replaced to the new program), and the benchmark's own holds torch and models
+LAUNCHER = """
+import json, os, subprocess, sys, time
+log, argv = sys.argv[1], sys.argv[2:]
+with open(log, "w") as out:
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+print(json.dumps({
+    "code": os.waitstatus_to_exitcode(status), "wall_s": wall, "user_s": usage.ru_utime,
+    "sys_s": usage.ru_stime, "peak_mib": usage.ru_maxrss / 1024, "faults": usage.ru_minflt,
+}))
+"""
+
+
 def launch(argv: list[str], env: dict[str, str], log: Path) -> tuple[Usage, int, str]:
-    """Run `argv` to its end: its usage (its own, not its siblings': `os.wait4`), exit
-    code and output."""
-    with log.open("w") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        _, status, rusage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-    proc.returncode = code = os.waitstatus_to_exitcode(status)
-    usage = Usage(wall, rusage.ru_utime, rusage.ru_stime, rusage.ru_maxrss / 1024, rusage.ru_minflt)
-    return usage, code, log.read_text()
+    """Run `argv` to its end: its usage (its own, not its siblings': `os.wait4`, in
+    `LAUNCHER`), exit code and output."""
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(log), *argv],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    got = json.loads(done.stdout)
+    code = got.pop("code")
+    return Usage(**got), code, log.read_text()

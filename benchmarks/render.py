@@ -475,7 +475,9 @@ def _peak(peak: dict | None) -> list[str]:
     return [
         f"Peak resident memory of a fresh process running {int(peak.get('steps', 40))} steps: plain loop {plain:.0f} MiB,",  # noqa: E501
         f"sentinel and snapshots {ours:.0f} MiB ({ours - plain:+.0f} MiB, snapshots included; both",
-        "processes load the same modules, and each runs with glibc's malloc as it comes).",
+        "processes load the same modules, each keeps what its steps free as `diagnose` does,",
+        "and each reads its own high-water mark, VmHWM: ru_maxrss counts the spawning",
+        "parent's too).",
         "",
     ]
 

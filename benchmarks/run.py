@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_t
 # --quick: the same figures, each smaller (every one of them still runs)
 QUICK = {
     "rounds": 5, "steps": 5, "step_budget": 10.0, "failing_step": 60,
-    "workloads": PROCESS_WORKLOADS, "process_seconds": 4.0, "process_pairs": 2,
+    "workloads": PROCESS_WORKLOADS, "process_seconds": 8.0, "process_pairs": 2,
     "verified_milestone": 300, "verified_pairs": 2, "start_up_repeats": 3,
 }  # fmt: skip
 
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in QUICK.items():
             if getattr(args, key) == _parser().get_default(key):
                 setattr(args, key, value)
+    if args.threads:  # NB: the launched processes too (the environment they inherit)
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.manual_seed(0)
     clock = Clock()
     results: dict = {"machine": machine(args), "size": args.size, "device": args.device}
@@ -119,7 +123,8 @@ def _whole_processes(args: argparse.Namespace, clock: Clock) -> list[dict]:
         r = times.ratio
         clock.say(
             f"whole process, {name} ({times.step_ms:.1f} ms a step): diagnose / plain "
-            f"{r['wall'].median:.3f}x wall, {r['sys'].median:.2f}x system time, "
+            f"{r['wall'].median:.3f}x wall ({r['loop'].median:.3f}x the loop alone), "
+            f"{r['sys'].median:.2f}x system time, "
             f"{r['peak'].median:.2f}x peak memory; / plain with its malloc {r['own'].median:.3f}x"
         )
         out.append(dataclasses.asdict(times))
@@ -204,7 +209,6 @@ def machine(args: argparse.Namespace) -> dict:
                 flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    import os
 
     gpu = (
         torch.cuda.get_device_name()
@@ -227,6 +231,12 @@ def _parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="every figure, fewer rounds: under 5 minutes"
     )
     p.add_argument("--size", choices=["tiny", "cpu", "gpu"], default="cpu")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads, here and in every process launched (default: torch's); on a "
+        "machine busy with other work, 1 keeps the figures from measuring the contention",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--rounds", type=int, default=9, help="rounds per step-time figure")
     p.add_argument(
@@ -250,8 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--process-seconds",
         type=float,
-        default=10.0,
-        help="seconds of plain steps in each whole-process run (its steps follow)",
+        default=15.0,
+        help="seconds of plain steps in each whole-process run (its steps follow; the "
+        "start-up, a few seconds of it torch's, comes on top)",
     )
     p.add_argument(
         "--process-pairs", type=int, default=3, help="plain and diagnose processes, pairs"

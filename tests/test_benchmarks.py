@@ -143,3 +143,50 @@ def test_the_short_step_explanation_is_for_misses_beyond_the_noise_only():
     assert "a few tenths of a millisecond" not in "\n".join(_missed([long_noisy]))
     real_long = step("transformer-bf16", 1539.0, 1.055)
     assert "a few tenths of a millisecond" not in "\n".join(_missed([real_long, short_real]))
+
+
+def test_whole_process_targets_are_the_medians_of_the_pairs_ratios():
+    from benchmarks.process import Usage, _ratios
+
+    def usage(wall: float, sys_: float) -> Usage:
+        # what each side says of its loop alone: the plain script's seconds, diagnose's run_s
+        ended = {"loop_s": wall - 2.0, "timing": {"run_s": wall - 2.5}}
+        return Usage(wall, wall, sys_, 400.0, 9000, ended)
+
+    ratio = _ratios(
+        {
+            "plain": [usage(10.0, 1.0), usage(12.0, 1.0), usage(10.0, 2.0)],
+            "plain+malloc": [usage(9.0, 0.2), usage(9.0, 0.2), usage(9.0, 0.2)],
+            "diagnose": [usage(10.5, 0.3), usage(12.0, 0.3), usage(11.0, 0.3)],
+        }
+    )
+    assert (ratio["wall"].median, ratio["wall"].low, ratio["wall"].high) == (1.05, 1.0, 1.1)
+    assert round(ratio["sys"].median, 2) == 0.3
+    assert round(ratio["own"].median, 3) == round(11.0 / 9.0, 3)  # over the same malloc
+    loop = ratio["loop"]  # start-up and exit aside: 8 / 8, 9.5 / 10, 8.5 / 8
+    assert (loop.low, loop.median, loop.high) == (0.95, 1.0, 1.0625)
+
+
+def test_the_targets_table_holds_the_whole_process_rows_first():
+    from benchmarks.render_process import process_targets
+
+    def spread(median: float) -> dict:
+        return {"median": median, "low": median, "high": median}
+
+    results = {
+        "process": [
+            {
+                "workload": "mlp-wide-fp32",
+                "ratio": {"wall": spread(1.04), "sys": spread(1.2)},
+            }
+        ],
+        "verified_process": {"workload": "mlp-wide-fp32", "ratios": [1.4, 1.7], "ratio": 1.55},
+    }
+    assert process_targets(results) == [
+        ("`diagnose` whole process / plain script, mlp-wide-fp32", "1.040x (1.040–1.040)",
+         "<= 1.05x", True),
+        ("`diagnose` system time / plain script's, mlp-wide-fp32", "1.20x (1.20–1.20)",
+         "<= 1.10x", False),
+        ("verified time to diagnosis, whole process / plain time to the failing step, "
+         "mlp-wide-fp32", "1.55x (1.40–1.70)", "<= 1.5x", False),
+    ]  # fmt: skip
