@@ -2,7 +2,7 @@
 # The GPU check, for a machine with CUDA: the CUDA tests, then the benchmark at GPU sizes.
 # Run from the repository root, in an environment with nandoctor installed (pip install -e ".[dev]").
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
-# About 5 minutes on one GPU; it ends by printing, per workload, each candidate's step time
+# About 10 minutes on one GPU; it ends by printing, per workload, each candidate's step time
 # over the plain loop's and the blocking device synchronisations per step.
 set -euo pipefail
 out="${1:-gpu-results}"
@@ -19,7 +19,8 @@ done
 # 3. the benchmark at GPU sizes, with device syncs counted by torch's sync debug mode (the
 # start-up figure is the CPU page's: launching processes says nothing of the GPU)
 python -m benchmarks --size gpu --device cuda --rounds 5 --steps 20 --step-budget 20 \
-    --failing-step 300 --verified-failing-step 1000 --start-up-repeats 0 \
+    --failing-step 300 --verified-milestone 1000 --verified-pairs 1 --start-up-repeats 0 \
+    --process-pairs 2 --process-seconds 5 \
     --out "$out/performance-gpu.md" --json "$out/performance-gpu.json"
 # 4. the answer in one screen: the targets, then the synchronisations per step
 sed -n '/^## Targets/,/^## Step time/p' "$out/performance-gpu.md" | head -n -1

@@ -127,13 +127,24 @@ class Workload:
     data: str
     loss: str | None
     dtype: str
+    wider: int = 1  # the size's width times this (a longer step of the same model)
 
-    def config(self, size: str, steps: int, device: str = "cpu", **data_args: int) -> LoadedConfig:
-        """The workload as a nandoctor config, built in memory (no file is written)."""
+    def config(
+        self,
+        size: str,
+        steps: int,
+        device: str = "cpu",
+        *,
+        optimizer: dict | None = None,
+        scheduler: dict | None = None,
+        **data_args: int,
+    ) -> LoadedConfig:
+        """The workload as a nandoctor config, built in memory (no file is written);
+        AdamW at 1e-4 unless `optimizer` says otherwise, and no scheduler unless given."""
         from nandoctor.setup.load import LoadedConfig
         from nandoctor.setup.schema import Config
 
-        knobs = SIZES[size]
+        knobs = {**SIZES[size], "width": SIZES[size]["width"] * self.wider}
         config = Config.model_validate(
             {
                 "name": f"{self.name} ({size})",
@@ -142,7 +153,8 @@ class Workload:
                 "data": self.data,
                 "data_args": {**knobs, "steps": max(steps, 8), **data_args},
                 "loss": self.loss,
-                "optimizer": {"name": "AdamW", "lr": 1e-4},
+                "optimizer": optimizer or {"name": "AdamW", "lr": 1e-4},
+                "scheduler": scheduler,
                 # NB: the CPU's own autocast, as the plain loop next to it runs: the cost of
                 # replaying CUDA's lists on a CPU is benchmarks/autocast_policy.py's figure
                 "precision": {"dtype": self.dtype, "autocast_policy": "native"},
@@ -204,6 +216,17 @@ WORKLOADS = {
             "benchmarks.workloads:mlp_data",
             None,
             "float32",
+        ),
+        # NB: the MLP twice as wide, 3.2 million parameters: a 20-30 ms float32 step on 2
+        # cores, where the whole-process figures are taken (a step of a few ms is mostly
+        # the start-up's and Python's; one of seconds hides every per-step cost)
+        Workload(
+            "mlp-wide-fp32",
+            "benchmarks.workloads:build_mlp",
+            "benchmarks.workloads:mlp_data",
+            None,
+            "float32",
+            wider=2,
         ),
         Workload(
             "convnet-fp32",

@@ -15,13 +15,17 @@ from benchmarks.run import main
 def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     results = tmp_path / "results.json"
     args = ["--size", "tiny", "--rounds", "1", "--steps", "1", "--failing-step", "4"]
-    args += ["--verified-workload", "mlp-fp16", "--verified-failing-step", "40"]
-    args += ["--workloads", "mlp-fp16", "--start-up-repeats", "1"]
+    args += ["--process-workloads", "mlp-wide-fp32", "--process-seconds", "0.1"]
+    args += ["--process-pairs", "1", "--verified-milestone", "10", "--verified-pairs", "1"]
+    args += ["--workloads", "mlp-fp16", "mlp-wide-fp32", "--start-up-repeats", "1"]
     args += ["--out", "-", "--json", str(results)]
     assert main(args) == 0
-    page = capsys.readouterr().out
+    out = capsys.readouterr()
+    page = out.out
     for heading in (
         "## Targets",
+        "## Whole process",
+        "### Time to a verified diagnosis (mlp-wide-fp32, learning rate jumping at step 10)",
         "## Step time",
         "## Host reads per step",
         "## Time to diagnosis",
@@ -30,18 +34,26 @@ def test_the_benchmark_runs_at_tiny_sizes(capsys, tmp_path):
     ):
         assert heading in page
     assert "nandoctor found: step 4, phase input" in page
-    assert "nandoctor found: step 40, phase input" in page
-    assert "- nonfinite-input: with batches holding NaN or inf skipped, applied from step" in page
     assert "`sentinel` step time / plain, mlp-fp16" in page
+    assert "| `diagnose` whole process / plain script, mlp-wide-fp32 |" in page
+    assert "| `diagnose` system time / plain script's, mlp-wide-fp32 |" in page
     assert "| loop | plain+norm | sentinel |" in page  # the floor beside what it bounds
     assert "| start-up of `nandoctor lint train.py` (one training script) |" in page
+    # each figure said what it found as it came, with the minutes so far
+    assert "min] whole process, mlp-wide-fp32 (" in out.err
+    assert "min] verified time to diagnosis: " in out.err
     figures = json.loads(results.read_text())
     # the store measured at its largest: two snapshots of the whole state, Adam's included
     assert figures["snapshot_memory"]["ratio"] > 1.0
-    for name in ("time_to_diagnosis", "time_to_verified_diagnosis"):
-        ratios = figures[name]["ratios"]  # side by side, pair by pair
-        assert len(ratios) == DIAGNOSIS_REPEATS
-        assert figures[name]["ratio"] == statistics.median(ratios)
+    ratios = figures["time_to_diagnosis"]["ratios"]  # side by side, pair by pair
+    assert len(ratios) == DIAGNOSIS_REPEATS
+    assert figures["time_to_diagnosis"]["ratio"] == statistics.median(ratios)
+    (whole,) = figures["process"]  # each arm launched once, its own usage measured
+    assert {arm: len(runs) for arm, runs in whole["usage"].items()} == {
+        "plain": 1, "plain+malloc": 1, "diagnose": 1
+    }  # fmt: skip
+    assert whole["usage"]["diagnose"][0]["ended"]["status"] == "healthy"
+    assert all(u["peak_mib"] > 0 and u["user_s"] > 0 for u in whole["usage"]["plain"])
 
 
 def _step(sentinel: float, floor: float) -> dict:
@@ -148,3 +160,50 @@ def test_the_forecast_benchmark_runs_and_rewrites_only_the_measured_part(tmp_pat
     assert "| seed-fp16-nan | 13 | log-of-softmax | 26 | 13 | 48% | yes |" in text
     assert "| seed-fixed | 400 | yes | 0: none |" in text
     assert "| mlp-fp32 |" in text and "sentinel+forecast / sentinel" in text
+
+
+def test_whole_process_targets_are_the_medians_of_the_pairs_ratios():
+    from benchmarks.process import Usage, _ratios
+
+    def usage(wall: float, sys_: float) -> Usage:
+        # what each side says of its loop alone: the plain script's seconds, diagnose's run_s
+        ended = {"loop_s": wall - 2.0, "timing": {"run_s": wall - 2.5}}
+        return Usage(wall, wall, sys_, 400.0, 9000, ended)
+
+    ratio = _ratios(
+        {
+            "plain": [usage(10.0, 1.0), usage(12.0, 1.0), usage(10.0, 2.0)],
+            "plain+malloc": [usage(9.0, 0.2), usage(9.0, 0.2), usage(9.0, 0.2)],
+            "diagnose": [usage(10.5, 0.3), usage(12.0, 0.3), usage(11.0, 0.3)],
+        }
+    )
+    assert (ratio["wall"].median, ratio["wall"].low, ratio["wall"].high) == (1.05, 1.0, 1.1)
+    assert round(ratio["sys"].median, 2) == 0.3
+    assert round(ratio["own"].median, 3) == round(11.0 / 9.0, 3)  # over the same malloc
+    loop = ratio["loop"]  # start-up and exit aside: 8 / 8, 9.5 / 10, 8.5 / 8
+    assert (loop.low, loop.median, loop.high) == (0.95, 1.0, 1.0625)
+
+
+def test_the_targets_table_holds_the_whole_process_rows_first():
+    from benchmarks.render_process import process_targets
+
+    def spread(median: float) -> dict:
+        return {"median": median, "low": median, "high": median}
+
+    results = {
+        "process": [
+            {
+                "workload": "mlp-wide-fp32",
+                "ratio": {"wall": spread(1.04), "sys": spread(1.2)},
+            }
+        ],
+        "verified_process": {"workload": "mlp-wide-fp32", "ratios": [1.4, 1.7], "ratio": 1.55},
+    }
+    assert process_targets(results) == [
+        ("`diagnose` whole process / plain script, mlp-wide-fp32", "1.040x (1.040–1.040)",
+         "<= 1.05x", True),
+        ("`diagnose` system time / plain script's, mlp-wide-fp32", "1.20x (1.20–1.20)",
+         "<= 1.10x", False),
+        ("verified time to diagnosis, whole process / plain time to the failing step, "
+         "mlp-wide-fp32", "1.55x (1.40–1.70)", "<= 1.5x", False),
+    ]  # fmt: skip

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from nandoctor.cli import app
@@ -212,3 +213,26 @@ def test_a_time_budget_for_a_distributed_run_is_refused_before_any_rank_starts()
     assert result.exit_code == 2
     assert "error: --time-budget is not supported in distributed runs yet" in result.output
     assert "rank" not in result.output
+
+
+def test_the_run_keeps_the_memory_its_steps_free_for_the_next(project, monkeypatch):
+    # diagnose and baseline run the loop in this process: glibc's thresholds are set first
+    # (tests/test_host_memory.py: what they change)
+    from nandoctor.runtime import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append(1) or True)
+    result = invoke("diagnose", str(project(base_config())), "--steps", "2", "-q")
+    assert result.exit_code == 0, result.output
+    assert calls == [1]
+
+
+@pytest.mark.slow
+def test_a_replay_of_more_than_10000_steps_from_step_0_says_to_start_from_a_checkpoint(project):
+    path = project(base_config(steps=10_001))
+    result = invoke("diagnose", str(path), "--json", "-")
+    assert result.exit_code == 0, result.output
+    (note,) = [n for n in json.loads(result.stdout)["notes"] if "from step 0" in n]
+    assert note.startswith("replayed 10,001 steps from step 0 to get here")
+    result = invoke("diagnose", str(path))  # the terminal's panel shows it too
+    assert "replayed 10,001 steps from step 0" in " ".join(result.output.split())

@@ -12,7 +12,13 @@ from torch import nn
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.rerun import SessionSteps
-from nandoctor.runtime.snapshot import AUTO_MAX_EVERY, AUTO_MIN_EVERY, SnapshotStore, state_bytes
+from nandoctor.runtime.snapshot import (
+    AUTO_MAX_EVERY,
+    AUTO_MIN_EVERY,
+    SnapshotStore,
+    StateSnapshot,
+    state_bytes,
+)
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.load import load_config
 from nandoctor.setup.session import build_session
@@ -141,6 +147,29 @@ def test_a_snapshot_keeps_tensors_of_every_dtype_and_restores_them_bit_identical
     assert all(torch.equal(state[k], v) for k, v in session.model.state_dict().items())
 
 
+def test_a_snapshots_buffers_are_one_block_per_dtype_made_once(project, tmp_path):
+    """The state is copied into a block of host memory per dtype, made at the first capture
+    that needs it and reused by the captures after (not a buffer per tensor, each in the
+    heap among the step's own allocations: see `_host_block`)."""
+    session = session_of(project, tmp_path, model="dropout.py:Mixed")
+    snapshot = StateSnapshot()
+
+    def blocks() -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in snapshot.model.values()}
+
+    snapshot.capture(session, 0)
+    first = blocks()
+    assert len(first) == 3  # float32, float64 and int64 tensors, 8 of them
+    run(session, SnapshotStore(session, every=100), Probe(), 2)
+    snapshot.capture(session, 2)
+    assert blocks() == first  # the same buffers, holding step 2's state now
+    assert all(
+        torch.equal(kept, now) for kept, now in zip(
+            snapshot.model.values(), session.model.state_dict().values(), strict=True
+        )
+    )  # fmt: skip
+
+
 def test_a_parameter_the_optimizer_trains_outside_the_model_is_kept_and_restored():
     """A learnable temperature in the loss: the optimizer's, not the model's state dict's."""
     torch.manual_seed(0)
@@ -267,3 +296,16 @@ def test_every_replay_of_a_step_sees_its_batch_as_the_run_did(project, tmp_path)
         for step, batch in store.rewind_to(2):
             SessionSteps(session).run(step, batch, probe)
     assert probe.seen[2][0] == probe.seen[2][1] == probe.seen[2][2]
+
+
+def test_an_optimizer_without_state_is_snapshotted_every_k_steps_too(project, tmp_path):
+    """SGD without momentum never has a state to size the period by: the shortest one,
+    not a snapshot every step (a capture and RNG states each step, on the fast path)."""
+    session = build_session(load_config(project(base_config(steps=40))))
+    assert session.optimizer.defaults["momentum"] == 0
+    store = SnapshotStore(session)
+    run(session, store, Probe(), AUTO_MIN_EVERY + 4)
+    assert not session.optimizer.state
+    last = AUTO_MIN_EVERY + 3
+    assert [s for s, _ in store.rewind_to(last)] == list(range(AUTO_MIN_EVERY, last + 1))
+    assert store.rewind_to(AUTO_MIN_EVERY - 1)[0][0] == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nandoctor.diagnose.summary import dead_gradients_note, replay_notes
+from nandoctor.diagnose.summary import dead_gradients_note, long_replay_note, replay_notes
 from nandoctor.localize.replay import Localization
 from nandoctor.report.telemetry import Telemetry
 from nandoctor.runtime.probe import Phase
@@ -65,3 +65,14 @@ def test_a_few_zero_gradients_or_ones_that_recover_are_no_dead_network():
     assert dead_gradients_note(_run([1.0] * 5 + [0.0] * 9)) == []  # NB: fewer than 10
     assert dead_gradients_note(_run([0.0] * 20 + [0.3])) == []
     assert dead_gradients_note(_run([1.0, float("nan")] + [0.0] * 3)) == []
+
+
+def test_a_replay_of_more_than_10000_steps_from_step_0_points_to_a_checkpoint():
+    (note,) = long_replay_note(RunResult("nonfinite", 0, 12_031), checkpoint=None)
+    assert note.startswith("replayed 12,031 steps from step 0 to get here: for a job that fails")
+    assert "point `checkpoint:` in the config at its last checkpoint before the failure" in note
+
+
+def test_a_shorter_replay_or_one_from_a_checkpoint_says_nothing_of_it():
+    assert long_replay_note(RunResult("nonfinite", 0, 10_000), checkpoint=None) == []
+    assert long_replay_note(RunResult("healthy", 0, 40_000), checkpoint="last.pt") == []

@@ -51,6 +51,7 @@ def compare(
     from nandoctor.render.compare import render_comparison
     from nandoctor.render.plot import require_matplotlib
     from nandoctor.render.terminal import StepProgress
+    from nandoctor.runtime.host_memory import keep_freed_memory
     from nandoctor.setup import distributed
     from nandoctor.setup.load import load_config
 
@@ -85,6 +86,7 @@ def compare(
             console.print(f"[bold]{dtype}[/] on {session.device}")
         progress.append(StepProgress(console, loaded.config.steps, enabled=not quiet).__enter__())
 
+    keep_freed_memory()  # NB: as diagnose: the runs' steps reuse what they free
     started = time.perf_counter()
     try:
         comparison = engine.compare(

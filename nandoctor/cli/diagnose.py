@@ -235,7 +235,9 @@ def run_with_progress(
 ) -> Report:
     from nandoctor.diagnose import engine
     from nandoctor.render.terminal import StepProgress, print_header
+    from nandoctor.runtime.host_memory import keep_freed_memory
 
+    keep_freed_memory()  # NB: the loop runs in this process: its steps reuse what they free
     progress = StepProgress(console, loaded.config.steps, enabled=not quiet)
 
     def on_session(session) -> None:

@@ -100,7 +100,24 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
             "the steps run are judged, the rest are not"
         )
     notes.extend(globals_notes())
+    notes.extend(long_replay_note(result, session.config.checkpoint))
     return notes
+
+
+LONG_REPLAY = 10_000  # steps replayed from step 0 past which the report suggests a checkpoint
+
+
+def long_replay_note(result: RunResult, checkpoint: str | None) -> list[str]:
+    """A run replayed from step 0 for more than `LONG_REPLAY` steps took as long as the
+    job did to get there; resumed from the job's last checkpoint before the failure, the
+    next diagnosis starts a few steps from it (docs/index.md's first recipe)."""
+    if checkpoint is not None or result.steps_run <= LONG_REPLAY:
+        return []
+    return [
+        f"replayed {result.steps_run:,} steps from step 0 to get here: for a job that fails "
+        "after hours, point `checkpoint:` in the config at its last checkpoint before the "
+        "failure (with the `step` it was saved at) and the replay starts there (docs/index.md)"
+    ]
 
 
 def globals_notes() -> list[str]:

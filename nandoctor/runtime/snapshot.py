@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,15 +231,17 @@ def _unowned(optimizer: torch.optim.Optimizer, owned: set[int]) -> dict[int, Ten
 class _Copies:
     """The tensors a snapshot copies into its host buffers, copied together: one fused
     copy per device and dtype rather than a kernel call per tensor (NB: on a step of a few
-    milliseconds, the calls of a model's 40 copies cost as much as the bytes)."""
+    milliseconds, the calls of a model's 40 copies cost as much as the bytes). Buffers
+    still missing are made together too, one block per dtype (`_host_block`)."""
 
     def __init__(self) -> None:
         self._groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]]
         self._groups = {}
+        self._missing: dict[tuple[torch.dtype, bool], list[tuple[dict, Any, Tensor]]] = {}
 
     def into(self, buffers: dict, source: dict) -> dict:
-        """Plan the copy of `source`'s tensors into same-named host buffers (allocating only
-        new ones); its other values are copied now."""
+        """Plan the copy of `source`'s tensors into same-named host buffers (made in `run`
+        where missing or unlike); its other values are copied now."""
         for key, value in source.items():
             if not isinstance(value, torch.Tensor):
                 buffers[key] = copy.deepcopy(value)
@@ -250,17 +253,42 @@ class _Copies:
                 and buf.dtype == value.dtype
             ):
                 pin = value.device.type == "cuda"
-                buf = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pin)
-                buffers[key] = buf
-            targets, sources = self._groups.setdefault((value.device, value.dtype), ([], []))
-            targets.append(buf)
-            sources.append(value)
+                self._missing.setdefault((value.dtype, pin), []).append((buffers, key, value))
+                continue
+            self._plan(buf, value)
         return buffers
 
+    def _plan(self, buf: Tensor, value: Tensor) -> None:
+        targets, sources = self._groups.setdefault((value.device, value.dtype), ([], []))
+        targets.append(buf)
+        sources.append(value)
+
     def run(self) -> None:
+        for (dtype, pin), missing in self._missing.items():
+            sizes = [value.numel() for _, _, value in missing]
+            block = _host_block(sum(sizes), dtype, pin)
+            for (buffers, key, value), part in zip(missing, block.split(sizes), strict=True):
+                buffers[key] = buf = part.view(value.shape)
+                self._plan(buf, value)
+        self._missing = {}
         with torch.no_grad():
             for targets, sources in self._groups.values():
                 torch._foreach_copy_(targets, sources, non_blocking=True)
+
+
+def _host_block(count: int, dtype: torch.dtype, pin: bool) -> Tensor:
+    """Host memory for `count` elements, mapped on its own, outside malloc's heap (pinned,
+    for copies from CUDA, where torch's allocator makes it). NB: buffers kept for the run
+    and made in the heap lie among the step's own allocations, which then no longer fit
+    where they did: a float32 MLP's snapshots (74 MiB) raised its peak by 65 to 91 MiB in
+    the heap, by 67 to 72 in blocks of their own (fresh processes, two hash seeds)."""
+    if pin or count == 0:
+        return torch.empty(count, dtype=dtype, pin_memory=pin)
+    try:
+        mapped = mmap.mmap(-1, count * dtype.itemsize)
+    except OSError as e:  # NB: ENOMEM: the store gives up as on any memory error
+        raise MemoryError(str(e)) from e
+    return torch.frombuffer(mapped, dtype=dtype, count=count)
 
 
 def _cloned(obj: Any) -> Any:
@@ -404,7 +432,10 @@ class SnapshotStore:
 
     @property
     def nbytes(self) -> int:
-        kept = {id(s): s for s in [*self._snapshots, self._pinned] if s is not None}
+        """Bytes the store holds: its snapshots' buffers (kept, pinned, or spare, waiting
+        to be reused) and its batches'."""
+        held = [*self._snapshots, self._pinned, *self._spare]
+        kept = {id(s): s for s in held if s is not None}
         return sum(s.nbytes for s in kept.values()) + self.batch_nbytes
 
     @property
@@ -415,8 +446,12 @@ class SnapshotStore:
     def _every(self) -> int:
         if self.every is None:
             _, optimizer = model_and_optimizer(self.objects)
-            if not optimizer.state:  # Adam & co. create their state at step 0
-                return 1
+            # NB: no state yet (Adam & co. create theirs at their first update, which a
+            # GradScaler may skip) or none ever (SGD without momentum): the shortest
+            # period, asked again at each step until the state is there to size it (a
+            # capture every step until then made a stateless run capture every step)
+            if not optimizer.state:
+                return AUTO_MIN_EVERY
             size = state_bytes(self.objects)
             period = math.ceil(size / AUTO_BYTES_PER_STEP)
             batch = max((tensor_bytes(b) for b in self._batches.values()), default=0)
@@ -427,7 +462,12 @@ class SnapshotStore:
         return self.every
 
     def _capture(self, step: int, grads: bool = False) -> None:
-        reuse = self._spare.pop() if self._spare else StateSnapshot()
+        # NB: with two kept, the older is the one this capture drops: its buffers take the
+        # copy (a spare beside the two kept would hold a third copy of the state)
+        if len(self._snapshots) >= 2 and self._snapshots[0] is not self._pinned:
+            reuse = self._snapshots.pop(0)
+        else:
+            reuse = self._spare.pop() if self._spare else StateSnapshot()
         reuse.capture(self.objects, step, grads)
         self._snapshots.append(reuse)
         while len(self._snapshots) > 2:
