@@ -38,7 +38,7 @@ from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.precursors import forecasting
 from nandoctor.runtime.probe import Probe, Probes, StepContext
-from nandoctor.runtime.record import Recorder, RunResult
+from nandoctor.runtime.record import Recorder, RunResult, RunStatus
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.step import run_step
@@ -148,7 +148,7 @@ class WithForecast(Candidate):
         self.sentinel = Sentinel(session)
         self.precursors, forecaster = forecasting(self.sentinel, session)
         self.probes = Probes(self.sentinel, self.precursors)
-        self.recorder = Recorder(RunResult("healthy", 0, 0), forecaster=forecaster)
+        self.recorder = Recorder(RunResult(RunStatus.HEALTHY, 0, 0), forecaster=forecaster)
 
     def attached(self) -> contextlib.AbstractContextManager[Any]:
         """The probe's hooks and wrappers, on for this candidate's turn only."""
@@ -246,7 +246,7 @@ class Watch(Candidate):
         self.sentinel = Sentinel(self.run)
         # NB: a watched process forecasts too (`watch/child.py`)
         self.precursors, forecaster = forecasting(self.sentinel, self.run)
-        self.recorder = Recorder(RunResult("healthy", 0, 0), forecaster=forecaster)
+        self.recorder = Recorder(RunResult(RunStatus.HEALTHY, 0, 0), forecaster=forecaster)
         probes = Probes(self.sentinel, self.precursors)
         self.hooks = StepHooks(self.run, probes, on_step_end=self._step_ended)
 

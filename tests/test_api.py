@@ -24,7 +24,7 @@ from nandoctor.guard import Guard, NonFiniteError
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.terminal import render_report
 from nandoctor.report.types import Report
-from nandoctor.runtime.sentinel import MAX_SKIP_STREAK
+from nandoctor.runtime.judge import MAX_SKIP_STREAK
 from tests.scripts import seed_fp16_nan as seed
 from tests.scripts.expected import seed_diagnosis
 

@@ -24,7 +24,7 @@ import torch
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.examples import make_checkpoints
 from nandoctor.report.types import Report
-from nandoctor.runtime.sentinel import MAX_SKIP_STREAK
+from nandoctor.runtime.judge import MAX_SKIP_STREAK
 from nandoctor.setup.load import LoadedConfig, load_config
 from nandoctor.setup.schema import FactorySpec
 from tests.conftest import CONFIGS

@@ -8,10 +8,10 @@ import torch
 
 from nandoctor.runtime import recheck as recheck_module
 from nandoctor.runtime.fast_run import fast_run
+from nandoctor.runtime.judge import MAX_SKIP_STREAK
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.recheck import ScaleOneRecheck
 from nandoctor.runtime.rerun import SessionSteps
-from nandoctor.runtime.sentinel import MAX_SKIP_STREAK
 from nandoctor.runtime.snapshot import RngState, SnapshotStore
 from nandoctor.runtime.step import run_step
 from nandoctor.setup.load import load_config

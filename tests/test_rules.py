@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from nandoctor.causes import catalog
-from nandoctor.causes.case import Case, LrJump, RunFacts, op_base
+from nandoctor.causes.case import Case, Collapse, LrJump, RunFacts, op_base
 from nandoctor.causes.index import RULES
 from nandoctor.causes.ranking import rank
 from nandoctor.report.evidence import (
@@ -34,7 +34,15 @@ def stats(name="self", dtype="float16", absmax=1.0, zeros=0, negatives=0, nan=0,
 
 
 def case(
-    op, phase="forward", value="nan", inputs=(), producers=(), trends=CALM, facts=FACTS, **evidence
+    op,
+    phase="forward",
+    value="nan",
+    inputs=(),
+    producers=(),
+    trends=CALM,
+    facts=FACTS,
+    collapse=None,
+    **evidence,
 ):
     first = FirstNonfinite(
         10, phase, "block.fc", op, "output", value, "float16", [4, 8], 3, "m.py:3", "exact"
@@ -45,6 +53,7 @@ def case(
         Evidence(inputs=list(inputs), output=output, producers=list(producers), **evidence),
         trends,
         facts,
+        collapse=collapse,
     )
 
 
@@ -482,11 +491,13 @@ def test_fully_masked_softmax():
 
 
 def test_scaler_collapse_with_gradients_that_overflow_at_any_scale():
-    facts = replace(
-        FACTS, collapsed=True, collapse_why="the GradScaler skipped 32 steps in a row from step 3"
-    )
+    collapse = Collapse("the GradScaler skipped 32 steps in a row from step 3")
     c = case(
-        "aten.mm.default", "backward", "inf", recompute=Recompute("float32", True, 2e5), facts=facts
+        "aten.mm.default",
+        "backward",
+        "inf",
+        recompute=Recompute("float32", True, 2e5),
+        collapse=collapse,
     )
     assert ids(c)[0] == "grad-scaler-collapse"
 
@@ -645,15 +656,15 @@ def test_an_epsilon_guards_the_zeros_only_on_their_way():
 # -- sentences that quote what was seen -----------------------------------------------------
 def test_a_collapse_is_told_in_the_telemetrys_numbers():
     trends = replace(CALM, final_streak=14, final_streak_start=3, final_scales=(65536.0, 8.0))
-    facts = replace(FACTS, collapsed=True, collapse_why="the GradScaler skipped 1 steps")
-    (cause,) = [c for c in rank(case("aten.mm.default", "backward", trends=trends, facts=facts))
+    c1 = Collapse("the GradScaler skipped 1 steps")
+    (cause,) = [c for c in rank(case("aten.mm.default", "backward", trends=trends, collapse=c1))
                 if c.id == "grad-scaler-collapse"]  # fmt: skip
     assert cause.evidence[0] == (
         "the GradScaler skipped 14 steps in a row from step 3; the loss scale went from 65536 to 8"
     )
     # one skip, at scale 1 (below which it collapsed): it "went from 1 to 1"
     trends = replace(CALM, final_streak=1, final_streak_start=43, final_scales=(1.0, 1.0))
-    (cause,) = [c for c in rank(case("aten.mm.default", "backward", trends=trends, facts=facts))
+    (cause,) = [c for c in rank(case("aten.mm.default", "backward", trends=trends, collapse=c1))
                 if c.id == "grad-scaler-collapse"]  # fmt: skip
     assert cause.evidence[0] == "the GradScaler skipped step 43 at loss scale 1"
 

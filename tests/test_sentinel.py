@@ -15,17 +15,10 @@ import torch
 from torch import nn
 
 from nandoctor.runtime.hooked import HookedRun
+from nandoctor.runtime.judge import MAX_SKIP_STREAK, Judge
 from nandoctor.runtime.probe import Phase, StepContext
-from nandoctor.runtime.sentinel import (
-    MAX_SKIP_STREAK,
-    OVERFLOW,
-    UNCHECKED,
-    Judge,
-    Reading,
-    Sentinel,
-    Verdict,
-    _reading,
-)
+from nandoctor.runtime.sentinel import Sentinel, _reading
+from nandoctor.runtime.verdict import OVERFLOW, UNCHECKED, Reading, Verdict
 
 
 def reading(step=0, scale=None, **flags) -> Reading:

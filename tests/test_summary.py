@@ -7,12 +7,12 @@ from nandoctor.localize.replay import Localization
 from nandoctor.report.telemetry import Telemetry
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import Reading, Verdict
+from nandoctor.runtime.verdict import Reading, StepOutcome, Verdict
 
 
 def verdict(phase: Phase) -> Verdict:
     reading = Reading(4, False, False, False, True, False, False, float("nan"), 0.0, None)
-    return Verdict(reading, failed=True, step=4, phase=phase)
+    return Verdict(reading, StepOutcome.FAILED, step=4, phase=phase)
 
 
 def test_a_replay_that_saw_nothing_calls_the_failure_transient():

@@ -10,8 +10,9 @@ import pytest
 from nandoctor.causes.words import plural, values
 from nandoctor.diagnose.summary import summarize
 from nandoctor.report.telemetry import Event
+from nandoctor.runtime.judge import Judge
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import Judge, Reading
+from nandoctor.runtime.verdict import Reading
 from tests.conftest import REPO
 
 SENTENCES = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.runtime.probe import Phase
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import OVERFLOW, UNCHECKED, Reading, Verdict
+from nandoctor.runtime.verdict import OVERFLOW, UNCHECKED, Reading, StepOutcome, Verdict
 from nandoctor.watch.recheck import steps_to_recheck, with_answers
 
 
@@ -18,7 +18,7 @@ def collapsed_run() -> RunResult:
         telemetry.append(step, 1.0, float("nan") if skipped else 0.5, 4.0 / 2 ** (step // 3))
     reading = Reading(8, False, False, False, False, True, False, 1.0, float("nan"), 1.0)
     collapse = Verdict(
-        reading, failed=True, step=8, phase=Phase.BACKWARD, skip_reason=UNCHECKED, why="collapse"
+        reading, StepOutcome.COLLAPSED, step=8, phase=Phase.BACKWARD, unchecked=True, why="collapse"
     )
     events = [Event(s, "scaler-skip", 1.0, reason=UNCHECKED) for s in (2, 5, 8)]
     return RunResult("nonfinite", 0, 9, collapse, telemetry, events)

@@ -17,8 +17,8 @@ from nandoctor.causes.unit import GUARD_ORIGIN, Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.diagnose.plans import CHANGES, FROM_START, Plan, applies, origin_site, plan
 from nandoctor.diagnose.verify import (
+    FixOutcome,
     Resume,
-    Verdict,
     _behind_others,
     _loss_words,
     combined,
@@ -221,8 +221,10 @@ def test_a_held_fix_whose_run_ended_far_above_another_held_fixs_trails_it():
     """A VAE whose warmup peaks at a 10x too high rate: bfloat16 kept it finite (its loss
     ended at 186) and ranked first on its confidence, above the smaller rate that made it
     train (11.2): both held, and the ranking said nothing of the difference."""
-    held = Verdict(Replay.HELD, "with bfloat16, ...; the loss fell from 1.13e+04 to 186", end=186)
-    ahead = Verdict(Replay.HELD, "with a 10x smaller rate, ...; 16.3 to 11.2", end=11.2)
+    held = FixOutcome(
+        Replay.HELD, "with bfloat16, ...; the loss fell from 1.13e+04 to 186", end=186
+    )
+    ahead = FixOutcome(Replay.HELD, "with a 10x smaller rate, ...; 16.3 to 11.2", end=11.2)
     fp16 = replace(cause("fp16-overflow", 0.75), verification=held.sentence, verified=True)
     lr = replace(cause("learning-rate-too-high", 0.5), verification=ahead.sentence)
     weighed = _behind_others([(fp16, held), (lr, ahead)])
@@ -234,15 +236,15 @@ def test_a_held_fix_whose_run_ended_far_above_another_held_fixs_trails_it():
         ("learning-rate-too-high", 0.5, None),
         ("fp16-overflow", 0.75, True),  # still verified: it did keep the run finite
     ]
-    near = Verdict(Replay.HELD, "...", end=90.0)  # under 10x the best: no judgement made
+    near = FixOutcome(Replay.HELD, "...", end=90.0)  # under 10x the best: no judgement made
     assert [r for _, r in _behind_others([(fp16, near), (lr, ahead)])] == [Replay.HELD] * 2
 
 
 def test_held_fixes_whose_losses_end_at_or_below_zero_are_not_weighed_by_a_ratio():
     """A Gaussian's negative log-likelihood: -0.1 is not "0.25x above" -0.4, and no ratio
     of the two says which fix trains better."""
-    deeper = Verdict(Replay.HELD, "with a, ...; the loss fell from 1 to -0.4", end=-0.4)
-    shallower = Verdict(Replay.HELD, "with b, ...; the loss fell from 1 to -0.1", end=-0.1)
+    deeper = FixOutcome(Replay.HELD, "with a, ...; the loss fell from 1 to -0.4", end=-0.4)
+    shallower = FixOutcome(Replay.HELD, "with b, ...; the loss fell from 1 to -0.1", end=-0.1)
     pairs = [(cause("fp16-overflow", 0.75), shallower), (cause("exploding-gradients", 0.5), deeper)]
     weighed = _behind_others(pairs)
     assert [r for _, r in weighed] == [Replay.HELD, Replay.HELD]
@@ -256,9 +258,9 @@ def test_reranking_is_deterministic_and_keeps_the_rules_order_on_ties():
 
 
 def test_fixes_are_tried_in_order_until_one_holds():
-    refuted = Verdict(Replay.REFUTED, "with a, the run still went non-finite at step 3")
-    held = Verdict(Replay.HELD, "with b, 40/40 steps stayed finite")
-    nothing = Verdict(Replay.NOT_REPLAYED, "with c: the patch found nothing", applied=False)
+    refuted = FixOutcome(Replay.REFUTED, "with a, the run still went non-finite at step 3")
+    held = FixOutcome(Replay.HELD, "with b, 40/40 steps stayed finite")
+    nothing = FixOutcome(Replay.NOT_REPLAYED, "with c: the patch found nothing", applied=False)
     both = combined([nothing, refuted, held])
     assert both.replay is Replay.HELD and both.verified is True
     assert both.sentence == f"{refuted.sentence}; {held.sentence}"

@@ -1,7 +1,8 @@
 """A `Case`: everything the diagnosis rules may read about one failure, as plain data.
 
 The report's `first_nonfinite` and `evidence` (what the replay saw), the telemetry trends,
-and the run's settings (`RunFacts`). Helpers name ops the way the rules think of them:
+the run's settings (`RunFacts`) and, for a collapse of the GradScaler's scale, the
+verdict's account of it (`Collapse`). Helpers name ops the way the rules think of them:
 `aten._softmax.default` is "softmax", `aten._foreach_addcdiv_.ScalarList` is "addcdiv".
 """
 
@@ -58,11 +59,6 @@ class RunFacts:
     param_dtype: str
     checkpoint: str | None = None
     start_step: int = 0
-    collapsed: bool = False  # the failure was a GradScaler streak whose scale collapsed
-    collapse_why: str = ""
-    # ...whose skips no rerun could recheck at loss scale 1 (Guard's `with` form): a NaN
-    # the scaler hid collapses the scale as an overflow does
-    collapse_unchecked: bool = False
     # `lr` is the rate in effect at the failing step (the optimizer's param_groups[0]);
     # `lr_start` the one the run started with, `lr_jump` the largest jump between them,
     # `scheduler` the scheduler's class, when the run had one
@@ -74,6 +70,17 @@ class RunFacts:
     # the first step whose clip met gradients still carrying the loss scale (a loop that
     # clips before `scaler.unscale_`, seen by the hooks); None when none did
     clipped_scaled: int | None = None
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """The failure was a streak of GradScaler skips that collapsed the scale, as the
+    sentinel's verdict says it (`why`). `unchecked`: no rerun could recheck its skips at
+    loss scale 1 (Guard's `with` form): a NaN the scaler hid collapses the scale as an
+    overflow does."""
+
+    why: str
+    unchecked: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ class Case:
     transients: tuple[Transient, ...] = ()
     # the run's loss at the failing step, as the run recorded it (None: not recorded)
     failing_loss: float | None = None
+    # the failure was a collapse of the GradScaler's scale (read from the verdict)
+    collapse: Collapse | None = None
 
     @property
     def op(self) -> str:

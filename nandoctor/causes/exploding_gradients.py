@@ -123,7 +123,7 @@ def _gradient_overflow(case: Case) -> bool:
     the run's first step nothing grew (huge at once: the inputs or the formula)."""
     overflow = case.first.value in OVERFLOWED and not _divided_by_zero(case)
     grown = case.first.step > case.facts.start_step
-    return case.first.phase == "backward" and overflow and grown and not case.facts.collapsed
+    return case.first.phase == "backward" and overflow and grown and case.collapse is None
 
 
 def _divided_by_zero(case: Case) -> bool:

@@ -50,10 +50,10 @@ INFO = entry(
 
 
 def grad_scaler_collapse(case: Case) -> Hit | None:
-    if not case.facts.collapsed:
+    if case.collapse is None:
         return None
     evidence = [_streak(case)]
-    if case.facts.collapse_unchecked:
+    if case.collapse.unchecked:
         evidence.append(
             "its skips were not rechecked at loss scale 1 (no rerun of the loop did): a NaN "
             "the backward makes at any scale (the log of a softmax zero, sqrt at 0) collapses "
@@ -75,7 +75,7 @@ def _streak(case: Case) -> str:
     """The streak in the telemetry's numbers; the sentinel's sentence when it has none."""
     t = case.trends
     if not t.final_streak:
-        return case.facts.collapse_why
+        return case.collapse.why if case.collapse is not None else ""
     first, last = t.final_scales
     if t.final_streak == 1:  # NB: one skip, at a scale below which the scale collapsed
         at = f" at loss scale {last:g}" if last else ""

@@ -20,6 +20,7 @@ from nandoctor.report.types import Tool
 from nandoctor.runtime.fast_run import RunResult, StepCallback, fast_run, snapshot_store
 from nandoctor.runtime.headroom import HeadroomProbe, went_nonfinite_in
 from nandoctor.runtime.probe import Phase
+from nandoctor.runtime.record import RunStatus
 from nandoctor.setup import distributed
 from nandoctor.setup.devices import check_dtype_supported, cpu_autocast_note, resolve_device
 from nandoctor.setup.dtypes import canonical_dtype, torch_dtype
@@ -50,9 +51,9 @@ def compare(
             continue
         run, result = _one_run(loaded if i == 0 else _in_dtype(loaded, name), on_run, on_step)
         runs.append(run)
-        if result.status == "error":
+        if result.status is RunStatus.ERROR:
             ended = result
-        if result.status in ("interrupted", "error"):
+        if result.status in (RunStatus.INTERRUPTED, RunStatus.ERROR):
             break
     distributed.leave()  # a data-parallel job (under torchrun): every rank is done
     reference = REFERENCE if any(r.dtype == REFERENCE for r in runs) else None
@@ -135,7 +136,7 @@ def _summary(name: str, session: Session, result: RunResult, headroom: HeadroomP
     return CompareRun(
         dtype=name,
         grad_scaler=session.scaler is not None,
-        status=result.status,
+        status=result.status.value,
         steps_completed=result.steps_completed,
         first_nonfinite_step=failure.step if failure else None,
         first_nonfinite_phase=failure.phase.value if failure and failure.phase else None,

@@ -23,8 +23,8 @@ from nandoctor.report.evidence import Evidence
 from nandoctor.report.gate import Gate
 from nandoctor.report.health import Health
 from nandoctor.report.types import Cause, Environment, FirstNonfinite, RankReport, Report, Tool
-from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.record import RunResult, RunStatus
+from nandoctor.runtime.verdict import Verdict
 from nandoctor.version import __version__
 
 MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
@@ -104,7 +104,7 @@ def status_of(result: RunResult, interrupted: bool = False, command_code: int | 
         if command_code == INTERRUPTED_CODE:
             return "interrupted"
         return "healthy" if command_code == 0 else "error"
-    return "healthy" if result.status == "timeout" else result.status
+    return "healthy" if result.status is RunStatus.TIMEOUT else result.status.value
 
 
 def first_nonfinite(result: RunResult, located: Localization | None) -> FirstNonfinite | None:

@@ -44,10 +44,11 @@ from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.fast_run import StepCallback, fast_run, snapshot_store
 from nandoctor.runtime.headroom import HeadroomProbe
 from nandoctor.runtime.probe import Probes
+from nandoctor.runtime.record import RunStatus
 from nandoctor.runtime.rerun import SessionSteps
-from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.sharded import class_name
 from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.runtime.verdict import Verdict
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
@@ -125,8 +126,10 @@ def diagnose(
     if failure is not None and failure.step is not None:
         try:
             with session.autocast_scope():  # NB: installed once for all the replayed steps
-                located = _localize(session, store, failure, result.telemetry)
-            findings.located, findings.per_rank, result.failure = located
+                located, per_rank, failure = _localize(session, store, failure, result.telemetry)
+            # NB: the replay may move the failure a step back: a new result says so
+            result = findings.result = replace(result, failure=failure)
+            findings.located, findings.per_rank = located, per_rank
         except KeyboardInterrupt:
             findings.interrupted = REPLAY_INTERRUPTED
             return assemble(findings)
@@ -139,7 +142,7 @@ def diagnose(
     _causes(findings, loaded, session, options, lrs, store)
     if session.ranks is not None:
         # NB: a rank that hung (status "error") would never reach the final barrier
-        _leave(session, interrupted=result.status in ("interrupted", "error"))
+        _leave(session, interrupted=result.status in (RunStatus.INTERRUPTED, RunStatus.ERROR))
     report = assemble(findings)
     if result.raised is not None:  # the user's code raised: its report rides with the error
         result.raised.report = report

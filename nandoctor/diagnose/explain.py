@@ -7,7 +7,7 @@ converters as the report, so both say the same), never read back from a report.
 
 from __future__ import annotations
 
-from nandoctor.causes.case import Case, RunFacts
+from nandoctor.causes.case import Case, Collapse, RunFacts
 from nandoctor.causes.ranking import rank
 from nandoctor.diagnose.assemble import evidence_of, first_nonfinite
 from nandoctor.localize.replay import Localization
@@ -15,11 +15,12 @@ from nandoctor.report.evidence import Evidence
 from nandoctor.report.trends import trends_of
 from nandoctor.report.types import Cause
 from nandoctor.runtime.record import RunResult
+from nandoctor.runtime.verdict import Verdict
 
 
 def case_of(result: RunResult, located: Localization | None, facts: RunFacts) -> Case | None:
     """What the rules read: where the failure was seen, its evidence, the telemetry's
-    trends and the run's settings; None when the run did not fail."""
+    trends, the run's settings and the verdict's collapse; None when the run did not fail."""
     first = first_nonfinite(result, located)
     if first is None:
         return None
@@ -27,7 +28,17 @@ def case_of(result: RunResult, located: Localization | None, facts: RunFacts) ->
     trends = trends_of(result.telemetry, result.events)
     before = _losses_before(result, first.step)
     healed = tuple(located.transients) if located is not None else ()
-    return Case(first, evidence, trends, facts, before, healed, _loss_at(result, first.step))
+    loss = _loss_at(result, first.step)
+    collapse = collapse_of(result.failure)
+    return Case(first, evidence, trends, facts, before, healed, loss, collapse=collapse)
+
+
+def collapse_of(failure: Verdict | None) -> Collapse | None:
+    """The collapse of the GradScaler's scale the failure was, read from its verdict (NB:
+    the one record of it: a recheck or a replay that learns more makes a new verdict)."""
+    if failure is None or not failure.collapsed:
+        return None
+    return Collapse(failure.why, unchecked=failure.collapsed_unchecked)
 
 
 def _losses_before(result: RunResult, step: int) -> tuple[tuple[int, float], ...]:

@@ -53,7 +53,6 @@ def facts_of(
     group = largest_group(optimizer.param_groups) if optimizer is not None else {}
     params = objects.params
     failure = result.failure
-    collapsed = failure is not None and failure.collapsed
     failing = failure.step if failure is not None else None
     lr, lr_start, lr_jump = _rates(group, lrs, failing)
     scheduler = objects.scheduler
@@ -67,9 +66,6 @@ def facts_of(
         param_dtype=str(params[0].dtype).removeprefix("torch.") if params else "float32",
         checkpoint=checkpoint,
         start_step=result.start_step,
-        collapsed=collapsed,
-        collapse_why=failure.why if collapsed and failure is not None else "",
-        collapse_unchecked=failure is not None and failure.collapsed_unchecked,
         lr_start=lr_start,
         lr_jump=lr_jump,
         scheduler=type(scheduler).__name__ if scheduler is not None else None,

@@ -17,8 +17,8 @@ from nandoctor.localize.tracer import Finding
 from nandoctor.report.divergence import diverged_clause
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Phase
-from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.record import RunResult, RunStatus
+from nandoctor.runtime.verdict import Verdict
 from nandoctor.setup.devices import cpu_autocast_note
 from nandoctor.setup.session import Session
 
@@ -49,10 +49,11 @@ def summarize(
 def _sentence(
     status: str, result: RunResult, located: Localization | None, command_code: int | None
 ) -> str:
-    if result.status == "interrupted" or (status == "interrupted" and result.failure is None):
+    stopped = status == "interrupted" and result.failure is None
+    if result.status is RunStatus.INTERRUPTED or stopped:
         ran = plural(result.steps_run, "step")
         return f"interrupted after {ran}; no non-finite value seen before"
-    if result.status == "timeout":
+    if result.status is RunStatus.TIMEOUT:
         ran = plural(result.steps_run, "step")
         return f"the time budget stopped the run after {ran}, all finite"
     if result.ended_by is not None:  # sys.exit() in the user's code, before any NaN
@@ -94,7 +95,7 @@ def run_notes(session: Session, result: RunResult, steps: int) -> list[str]:
     native = session.autocast_policy == "native"
     if native and session.device.type == "cpu" and session.dtype != torch.float32:
         notes.append(cpu_autocast_note(str(session.dtype).removeprefix("torch.")))
-    if result.status == "timeout":
+    if result.status is RunStatus.TIMEOUT:
         notes.append(
             f"time budget: stopped after {result.steps_run} of {plural(steps, 'step')}; "
             "the steps run are judged, the rest are not"

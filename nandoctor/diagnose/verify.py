@@ -49,9 +49,9 @@ from nandoctor.runtime.fast_run import fast_run
 from nandoctor.runtime.patches import MathPatch
 from nandoctor.runtime.probe import Phase, Probe
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import Verdict as StepVerdict
 from nandoctor.runtime.snapshot import StateSnapshot
 from nandoctor.runtime.tensors import host_copy
+from nandoctor.runtime.verdict import Verdict
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
 
@@ -59,7 +59,7 @@ MIN_HORIZON = 32
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FixOutcome:
     """What one replay showed: `verified` and the sentence the report carries."""
 
     replay: Replay
@@ -85,7 +85,7 @@ def verify_all(
     return rerank(_behind_others(checked))
 
 
-def _behind_others(checked: list[tuple[Cause, Verdict]]) -> list[tuple[Cause, Replay]]:
+def _behind_others(checked: list[tuple[Cause, FixOutcome]]) -> list[tuple[Cause, Replay]]:
     """The replays as `rerank` weighs them: a fix that held, but whose run ended
     `FAR_BEHIND` times above another held fix's, trails it (a bfloat16 switch that keeps
     a run finite whose learning rate is 10x too high, beside the smaller rate). A ratio
@@ -126,22 +126,22 @@ def check(
     loaded: LoadedConfig,
     deadline: float,
     resume: StateSnapshot | None = None,
-) -> tuple[Cause, Verdict]:
+) -> tuple[Cause, FixOutcome]:
     """Replay the cause's fixes in order until one holds; the cause with the verdict of
     the best one (the sentences of those tried before it kept in front of its own)."""
-    verdicts: list[Verdict] = []
+    verdicts: list[FixOutcome] = []
     for fix in fixes_for(FIXES.get(cause.id, ()), case.first.phase) if case is not None else []:
         replayed = plan(cause.id, fix, case, loaded)
         if replayed is None:
             continue
         if isinstance(replayed, Unplayable):  # NB: said only when no other fix ran
-            verdicts.append(Verdict(Replay.NOT_REPLAYED, f"not replayed: {replayed.why}", False))
+            verdicts.append(FixOutcome(Replay.NOT_REPLAYED, f"not replayed: {replayed.why}", False))
             continue
         verdicts.append(_replay(replayed, case, loaded, deadline, resume))
         if verdicts[-1].replay is Replay.HELD:
             break
     if not verdicts:
-        return cause, Verdict(Replay.NOT_REPLAYED, "")
+        return cause, FixOutcome(Replay.NOT_REPLAYED, "")
     best = combined(verdicts)
     return replace(cause, verified=best.verified, verification=best.sentence), best
 
@@ -149,12 +149,12 @@ def check(
 _BEST_FIRST = (Replay.HELD, Replay.STOPPED_LEARNING, Replay.REFUTED, Replay.NOT_REPLAYED)
 
 
-def combined(verdicts: list[Verdict]) -> Verdict:
+def combined(verdicts: list[FixOutcome]) -> FixOutcome:
     """One verdict for several fixes of one cause: the best replay, saying what was tried
     (a fix that found nothing to change is mentioned only when nothing else ran)."""
     applied = [v for v in verdicts if v.applied] or verdicts
     best = min(applied, key=lambda v: _BEST_FIRST.index(v.replay))
-    return Verdict(best.replay, "; ".join(v.sentence for v in applied), best.applied, best.end)
+    return FixOutcome(best.replay, "; ".join(v.sentence for v in applied), best.applied, best.end)
 
 
 def horizon(case: Case) -> int:
@@ -164,7 +164,7 @@ def horizon(case: Case) -> int:
 
 def _replay(
     plan: Plan, case: Case, original: LoadedConfig, deadline: float, resume: StateSnapshot | None
-) -> Verdict:
+) -> FixOutcome:
     """From the snapshot where the plan allows it; from the start where it must, or where
     the snapshot's replay was refuted and a whole replay still fits the budget."""
     if resume is None or plan.from_start or resume.step <= case.facts.start_step:
@@ -179,7 +179,7 @@ def _replay(
         return resumed
     again = run_plan(plan, case, deadline)
     said_again = again.sentence.removeprefix(f"{plan.describe}, ")
-    return Verdict(again.replay, f"{resumed.sentence}; {said_again}", again.applied, again.end)
+    return FixOutcome(again.replay, f"{resumed.sentence}; {said_again}", again.applied, again.end)
 
 
 @dataclass(frozen=True)
@@ -224,13 +224,13 @@ def _factor(before: Any, after: Any) -> float | None:
     return after / before if numbers and before else None
 
 
-def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = None) -> Verdict:
+def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = None) -> FixOutcome:
     """Replay `plan` from the run's start, or from `resume`, past the failing step."""
     start = resume.snapshot.step if resume is not None else case.facts.start_step
     target = case.first.step + (MIN_HORIZON if resume is not None else horizon(case))
     steps = target - start + 1
     if time.perf_counter() > deadline:
-        return Verdict(
+        return FixOutcome(
             Replay.NOT_REPLAYED, f"not verified {plan.describe}: the time budget ran out"
         )
     patch = plan.patch() if plan.patch else None
@@ -248,12 +248,12 @@ def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = No
         )  # fmt: skip
     except NandoctorError as e:
         why = f"not verified {plan.describe}: the replay failed: {e.message}"
-        return Verdict(Replay.NOT_REPLAYED, why)
+        return FixOutcome(Replay.NOT_REPLAYED, why)
     except Exception as e:  # NB: the report is still written (the CPU's is a RuntimeError)
         if not out_of_memory(e):
             raise
         why = f"not verified {plan.describe}: the replay ran out of memory"
-        return Verdict(Replay.NOT_REPLAYED, why)
+        return FixOutcome(Replay.NOT_REPLAYED, why)
     return _judge(plan, patch, result, case, target, steps, resume is not None)
 
 
@@ -265,20 +265,20 @@ def _judge(
     target: int,
     steps: int,
     resumed: bool,
-) -> Verdict:
+) -> FixOutcome:
     if result.status == "interrupted":
         raise KeyboardInterrupt
     if patch is not None and patch.hits == 0:
         why = f"not verified {plan.describe}: the patch found nothing to rewrite"
-        return Verdict(Replay.NOT_REPLAYED, why, applied=False)
+        return FixOutcome(Replay.NOT_REPLAYED, why, applied=False)
     if result.status == "timeout":
         reached = result.start_step + result.steps_run
         why = f"not verified {plan.describe}: the time budget ran out at step {reached} of {target}"
-        return Verdict(Replay.NOT_REPLAYED, why)
+        return FixOutcome(Replay.NOT_REPLAYED, why)
     where = f"applied from step {result.start_step}"
     fixed = f"{plan.describe}, {where}{' (resumed from a snapshot)' if resumed else ''}"
     if result.failure is not None:
-        return Verdict(Replay.REFUTED, f"{fixed}, {_still_failed(result.failure, case)}")
+        return FixOutcome(Replay.REFUTED, f"{fixed}, {_still_failed(result.failure, case)}")
     finite = f"{result.steps_run}/{steps} steps stayed finite, to step {target}"
     skipped = sum(e.kind == "skipped-batch" for e in result.events)
     if skipped:  # NB: not "33/38 stayed finite": the other 5 did not fail, they never ran
@@ -290,18 +290,18 @@ def _judge(
             f"{fixed}, {finite}, but it skipped more batches than it trained on: NaN or inf "
             "is in most batches, so dropping them is no fix (find where it comes from)"
         )
-        return Verdict(Replay.STOPPED_LEARNING, why)
+        return FixOutcome(Replay.STOPPED_LEARNING, why)
     t = result.telemetry
     learning = learning_of(list(zip(t.step, t.loss, strict=True)), case.losses, resumed=resumed)
     if not learning.learned:
         why = f"{fixed}, {finite}, but the run stopped learning: {learning.why}"
-        return Verdict(Replay.STOPPED_LEARNING, why)
+        return FixOutcome(Replay.STOPPED_LEARNING, why)
     loss = _loss_words(learning.start, learning.end, reference_loss(case.losses))
     held = f"{fixed}, {finite}, past the failing step {case.first.step}{loss}"
-    return Verdict(Replay.HELD, held, end=learning.end)
+    return FixOutcome(Replay.HELD, held, end=learning.end)
 
 
-def _still_failed(f: StepVerdict, case: Case) -> str:
+def _still_failed(f: Verdict, case: Case) -> str:
     """Where and how the fixed run failed all the same, as a clause. A NaN the scaler
     skipped is named as such: the replay got past that step only in the sense a plain
     run of the fixed config would not (its gradients are non-finite at loss scale 1)."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -50,10 +51,11 @@ from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.precursors import forecasting
 from nandoctor.runtime.probe import Probe, Probes, StepContext
 from nandoctor.runtime.recheck import ScaleOneRecheck
-from nandoctor.runtime.record import ForecastCallback, Recorder, RunResult
+from nandoctor.runtime.record import ForecastCallback, Recorder, RunResult, RunStatus
 from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
-from nandoctor.runtime.sentinel import Sentinel, Verdict
+from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.runtime.verdict import Verdict
 
 T = TypeVar("T")
 
@@ -165,7 +167,7 @@ class Guard:
         # calls `fn` again for the steps since the last snapshot: see docs/api.md)
         self.rechecked: list[int] = []
         self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
-        self.result = RunResult("healthy", start_step, 0)  # what the sentinel saw so far
+        self.result = RunResult(RunStatus.HEALTHY, start_step, 0)  # what the sentinel saw so far
         self.recorder = Recorder(self.result)
         probes: list[Probe] = [self.sentinel, self.lrs]
         self._precursors = None
@@ -387,7 +389,8 @@ class Guard:
         def replay(step: int, loss_scale: float | None) -> Localization:
             return localize(self.run, store, step, steps, loss_scale=loss_scale, recorded=losses)
 
-        located, self.result.failure = localize_failure(verdict, self.run.start_step, replay)
+        located, failure = localize_failure(verdict, self.run.start_step, replay)
+        self.result = replace(self.result, failure=failure)  # NB: it may move a step back
         return located
 
 

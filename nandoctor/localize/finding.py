@@ -11,8 +11,8 @@ from nandoctor.localize.stats import batch_rows, row_counts, tensor_stats, value
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.types import Frame, Sample
 from nandoctor.runtime.probe import Phase
-from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.tensors import named_tensors, nonfinite_data
+from nandoctor.runtime.verdict import Verdict
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probes
 from nandoctor.runtime.recheck import Gradients
 from nandoctor.runtime.rerun import StepRunner
-from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore, StateSnapshot
 from nandoctor.runtime.state import TrainingObjects, device_of
+from nandoctor.runtime.verdict import Verdict
 
 NO_MEMORY_TO_RESTORE = (
     "out of memory restoring the state after the replay: the causes below were judged on "
@@ -111,7 +111,7 @@ def localize_failure(
         earlier = replay(step - 1, None)
         if earlier.finding is not None and earlier.finding.phase is Phase.OPTIMIZER:
             why = "the optimizer's update made parameters non-finite (the next step met them)"
-            return earlier, replace(failure, step=step - 1, phase=Phase.OPTIMIZER, why=why)
+            return earlier, failure.blamed_on_update(why)
     return located, failure
 
 

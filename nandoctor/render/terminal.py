@@ -42,7 +42,7 @@ from nandoctor.report.telemetry import skips_text
 from nandoctor.report.types import Report
 
 if TYPE_CHECKING:
-    from nandoctor.runtime.sentinel import Verdict
+    from nandoctor.runtime.verdict import Verdict
     from nandoctor.setup.session import Session
 
 

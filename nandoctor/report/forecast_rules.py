@@ -198,7 +198,7 @@ RULES: dict[str, Callable[[Points, Site], Claim | None]] = {
 # -- the GradScaler ------------------------------------------------------------------------------
 SKIP_WINDOW = 32  # the recent steps whose skips count
 MIN_SKIPS = 6  # at least this many skips among them, after the first streak
-MAX_STREAK = 10  # the sentinel's collapse: skips in a row (runtime.sentinel.MAX_SKIP_STREAK)
+MAX_STREAK = 10  # the sentinel's collapse: skips in a row (runtime.judge.MAX_SKIP_STREAK)
 SCALE_HORIZON = 60
 
 

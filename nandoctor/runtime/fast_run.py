@@ -16,7 +16,7 @@ from nandoctor.report.telemetry import Event
 from nandoctor.runtime.precursors import forecasting
 from nandoctor.runtime.probe import Probe, Probes
 from nandoctor.runtime.recheck import ScaleOneRecheck
-from nandoctor.runtime.record import Recorder, RunResult, StepCallback
+from nandoctor.runtime.record import Recorder, RunResult, RunStatus, StepCallback
 from nandoctor.runtime.rerun import SessionSteps
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
@@ -63,7 +63,7 @@ def fast_run(
     With `forecast` (one process only), the forecast's signals ride on the sentinel's read
     (`runtime.precursors`) and the result carries the forecasts that fired.
     """
-    result = RunResult("healthy", session.start_step, 0)
+    result = RunResult(RunStatus.HEALTHY, session.start_step, 0)
     if store is None and recheck_skips and session.scaler is not None:
         store = snapshot_store(session)  # NB: no scaler, no skip to recheck
     recheck = None if store is None else ScaleOneRecheck(session, store, SessionSteps(session))
@@ -78,7 +78,7 @@ def fast_run(
         with session.autocast_scope(), Probes(sentinel, *others) as probes:
             for step, batch in itertools.islice(batches or session.batches, steps):
                 if deadline is not None and time.perf_counter() > deadline:
-                    result.status = "timeout"
+                    result.status = RunStatus.TIMEOUT
                     break
                 if skip_nonfinite_batches and not _finite_batch(batch):
                     result.events.append(Event(step, "skipped-batch"))
@@ -91,12 +91,12 @@ def fast_run(
             else:
                 recorder.record(sentinel.collect(final=True))
     except KeyboardInterrupt:
-        result.status = "interrupted"
+        result.status = RunStatus.INTERRUPTED
     except (UserExit, PeerFailure) as e:
         ends = user_exit_ends_run if isinstance(e, UserExit) else peer_hang_ends_run and e.hung
         if not ends:
             raise
-        result.status, result.ended_by = "error", e.message
+        result.status, result.ended_by = RunStatus.ERROR, e.message
     except UserCodeError as e:
         alone = session.ranks is None  # NB: a rank that carried on would hang the others
         # NB: raised before any step ended, it is a bad input (a batch the model cannot
@@ -104,7 +104,7 @@ def fast_run(
         ran = result.steps_run > 0
         if not (user_exit_ends_run and alone and ran) or isinstance(e, UserCodeOutOfMemory):
             raise
-        result.status, result.ended_by, result.raised = "error", e.message, e
+        result.status, result.ended_by, result.raised = RunStatus.ERROR, e.message, e
     recorder.stop()
     return result
 

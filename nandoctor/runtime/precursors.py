@@ -44,8 +44,9 @@ from nandoctor.report.forecaster import Forecaster
 from nandoctor.report.limits import dtype_max, overflow_limit, underflow_spread
 from nandoctor.report.signals import ACTIVATION_PEAK, ATTENTION_LOGIT, SOFTMAX_SPREAD, Layout, Site
 from nandoctor.runtime import calls, global_hooks, softmax_watch, wrappers
+from nandoctor.runtime.judge import MIN_SCALE
 from nandoctor.runtime.probe import Phase, Probe, StepContext
-from nandoctor.runtime.sentinel import MIN_SCALE, Sentinel
+from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.state import TrainingObjects
 
 MASK_GAP = 1e3  # beyond every dtype's underflow spread (104 in float32): a mask, not a logit

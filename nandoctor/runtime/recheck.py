@@ -10,7 +10,7 @@ same masks) under a probe that only checks the gradients after backward, and put
 piece of state back: weights, gradients, optimizer, scaler, scheduler and RNG. Still
 non-finite at scale 1: the scaler hid a real failure. Finite: an overflow.
 
-It runs only when the sentinel's judge meets a skip (`runtime.sentinel.Judge`), so a
+It runs only when the sentinel's judge meets a skip (`runtime.judge.Judge`), so a
 clean step costs nothing. A skip costs one state capture, the steps from the nearest
 snapshot up to the skipped one (none while Adam & co. have no state yet, at the start
 of a run, where the snapshots are every step), the step itself and two restores.
@@ -61,7 +61,7 @@ class GradientCheck(Probe):
 
 @dataclass
 class ScaleOneRecheck:
-    """`runtime.sentinel.Recheck` for a driver that keeps snapshots and can run a kept
+    """`runtime.judge.Recheck` for a driver that keeps snapshots and can run a kept
     step again (`steps`): `diagnose`'s session, a `Guard` through `guard.step`."""
 
     objects: TrainingObjects

@@ -16,22 +16,34 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 
 from nandoctor.errors import UserCodeError
 from nandoctor.report.forecast import Forecast
 from nandoctor.report.forecaster import Forecaster
 from nandoctor.report.signals import Curves
 from nandoctor.report.telemetry import Event, Telemetry
-from nandoctor.runtime.sentinel import Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.runtime.verdict import Verdict
 
 StepCallback = Callable[[Verdict], None]
 ForecastCallback = Callable[[Forecast], None]
 
 
+class RunStatus(str, Enum):
+    """How a run ended. NB: the report's status is decided from it once
+    (`diagnose.assemble.status_of`), as the plain string its value is."""
+
+    HEALTHY = "healthy"  # every step it ran was finite (or its GradScaler skipped it)
+    NONFINITE = "nonfinite"  # a step failed: `RunResult.failure`
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM
+    TIMEOUT = "timeout"  # its time budget ran out: judged on the steps done
+    ERROR = "error"  # the user's code ended it (`ended_by`; `raised`), or a peer hung
+
+
 @dataclass
 class RunResult:
-    status: str  # healthy | nonfinite | interrupted | timeout
+    status: RunStatus
     start_step: int
     steps_run: int  # steps whose verdict arrived (the bad one included)
     failure: Verdict | None = None
@@ -39,8 +51,8 @@ class RunResult:
     events: list[Event] = field(default_factory=list)
     seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # wall time between verdicts
-    ended_by: str | None = None  # status "error": the user's code ended the run (sys.exit)
-    raised: UserCodeError | None = None  # status "error": ...by raising this
+    ended_by: str | None = None  # ERROR: the user's code ended the run (sys.exit)
+    raised: UserCodeError | None = None  # ERROR: ...by raising this
     forecasts: list[Forecast] = field(default_factory=list)  # fired so far, best first
     signals: Curves | None = None  # the forecast's signals a step, when they were measured
 
@@ -107,7 +119,7 @@ class Recorder:
         if self.on_step is not None:
             self.on_step(v)
         if v.failed and result.failure is None:
-            result.status, result.failure = "nonfinite", v
+            result.status, result.failure = RunStatus.NONFINITE, v
 
     def _forecast(self, v: Verdict) -> None:
         assert self.forecaster is not None
@@ -129,4 +141,4 @@ def _keep_streak_start(store: SnapshotStore, v: Verdict) -> None:
         store.unpin()
 
 
-__all__ = ["ForecastCallback", "Recorder", "RunResult", "StepCallback"]
+__all__ = ["ForecastCallback", "Recorder", "RunResult", "RunStatus", "StepCallback"]

@@ -41,30 +41,21 @@ announces, and the sentinel's rules already cover both, so it has no mode for it
 - the GradScaler may first appear mid-run: the judge learns its scale when it does;
 - the step ends when the driver says so (`step_ended`).
 
-A reading becomes a `Verdict` in `Judge`, which holds the rules of SPEC.md: a step fails
-when its loss, gradients or weights went non-finite (or its weights were before it), and
-its phase is the first whose values went non-finite, the batch's included; a NaN in the
-batch that the loss selects away heals (labels missing as NaN), as any transient does.
-A GradScaler skip is an event when it was an overflow: the judge asks the driver to
-recheck the step's gradients at loss scale 1 (`runtime.recheck`; only on a skip, so a
-clean step costs nothing), and a step whose gradients are non-finite there too is the
-failure the scaler hid. A driver that cannot re-run its loop (the hooks) answers
-"unchecked", and the streak rule is then the only guard: skips in a row until the scale
-collapses are a failure, either way.
+A reading becomes a `Verdict` (`runtime.verdict`) in `Judge` (`runtime.judge`, the rules
+of SPEC.md): the sentinel reads, the judge decides.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from nandoctor.runtime import amp
+from nandoctor.runtime.judge import Judge, Recheck
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.state import TrainingObjects, device_of
 from nandoctor.runtime.step_grads import StepGradients
@@ -79,24 +70,10 @@ from nandoctor.runtime.tensors import (
     wide_norm,
     without_loss,
 )
+from nandoctor.runtime.verdict import Reading, Verdict
 
 if TYPE_CHECKING:
     from nandoctor.setup.distributed import Ranks
-
-# A collapse: MAX_SKIP_STREAK skips in a row at a scale of at most STREAK_CEILING (a
-# healthy fp16 run skips a handful at its start; docs/diagnosis.md says why 10), or a
-# scale below MIN_SCALE. Skips above the ceiling are a larger init_scale coming down.
-MAX_SKIP_STREAK = 10
-STREAK_CEILING = 2.0**16  # torch's default init_scale
-MIN_SCALE = 1.0  # a loss scale below this (and below init_scale / 2**16) has collapsed
-
-# Why the GradScaler skipped a step (`Verdict.skip_reason`, the event's `reason`)
-OVERFLOW = "overflow"  # the gradients are finite at loss scale 1: the scale overflowed
-UNCHECKED = "unchecked"  # the driver could not recheck the step (a loop it cannot re-run)
-
-# Recheck a skipped step at loss scale 1: True when its gradients are non-finite there
-# too, False when finite, None when it cannot (`runtime.recheck.ScaleOneRecheck`).
-Recheck = Callable[[int], "bool | None"]
 
 # The packed reading, in this order: one float64 per slot. The loss's flag is not a slot:
 # the host reads it from the loss (`_reading`).
@@ -118,73 +95,6 @@ _SLOT_OF = {key: i for i, key in enumerate(_SLOTS)}
 _INPUT, _GRADS, _LOCAL_GRADS = (_SLOTS.index(k) for k in ("input", "grads", "local_grads"))
 _GRAD_NORM, _SCALE, _LOSS = (_SLOTS.index(k) for k in ("grad_norm", "scale", "loss"))
 _PARAMS_BEFORE, _PARAMS = (_SLOTS.index(k) for k in ("params_before", "params"))
-
-
-@dataclass(slots=True)
-class Reading:
-    """What the sentinel saw in one step, on the host.
-
-    NB: not frozen (treat it as if it were): one is made every step, and a frozen
-    dataclass's `__init__` (a call per field) costs five times a plain one's."""
-
-    step: int
-    params_before: bool
-    input: bool
-    forward: bool
-    loss_bad: bool
-    grads: bool
-    params: bool
-    loss: float
-    grad_norm: float
-    scale: float | None
-    origin_ranks: tuple[int, ...] = ()  # ranks that went non-finite on their own
-    inherited_ranks: tuple[int, ...] = ()  # ranks that only got it through the all-reduce
-    aborted: bool = False  # the step raised before it ended (`Sentinel.step_aborted`)
-    # what a rider carried with the step's read (`Sentinel.carry`): its layout, the values
-    carried: tuple[Any, list[float]] | None = None
-
-
-@dataclass(slots=True)
-class Verdict:
-    """The judgement of one step: failed (with the step and phase), skipped, or clean.
-    NB: not frozen, for the reason `Reading` gives."""
-
-    reading: Reading
-    failed: bool = False
-    step: int | None = None  # the first bad step; a scale collapse points back to its streak
-    phase: Phase | None = None
-    skipped: bool = False
-    streak_start: int | None = None  # with `skipped`: the first step of the current streak
-    skip_reason: str | None = None  # with `skipped` (or a collapse): OVERFLOW or UNCHECKED
-    hidden: bool = False  # failed: the scaler skipped it, but it is non-finite unscaled too
-    why: str = ""
-    # failed in INPUT: the step's batches (one per micro-batch) as the step saw them, so a
-    # report without a replay still names the batch tensor that held the NaN
-    batches: list[object] = field(default_factory=list)
-    # the same, described where the batches cannot travel (a watched process's verdict,
-    # written as JSON for `watch`): the bad tensor's name, value, dtype, shape and count
-    batch_named: dict[str, Any] | None = None
-
-    @property
-    def collapsed(self) -> bool:
-        """A GradScaler's scale collapsed: overflow skips repeated (`step` is then the
-        streak's first step, and the reading's scale the one the streak fell to)."""
-        return self.phase is Phase.BACKWARD and self.reading.scale is not None and not self.hidden
-
-    @property
-    def collapsed_unchecked(self) -> bool:
-        """A collapse whose skips no rerun rechecked at loss scale 1 (a hooked loop): a NaN
-        the scaler hid at each of them collapses the scale as an overflow does."""
-        return self.collapsed and self.skip_reason == UNCHECKED
-
-    @property
-    def replay_scale(self) -> float | None:
-        """The loss scale a replay of this failure runs at: 1 for a failure the scaler hid
-        (no overflow of the scale can then hide or fake the origin), the scale a collapse
-        fell to, or None (the run's own)."""
-        if self.hidden:
-            return 1.0
-        return self.reading.scale if self.collapsed else None
 
 
 class Sentinel(Probe):
@@ -566,127 +476,4 @@ def _shards_norm(per_rank: list[dict[str, float]]) -> float:
     return math.sqrt(sum(r["grad_norm"] ** 2 for r in per_rank))
 
 
-class Judge:
-    """Turns readings into verdicts, remembering the current streak of scaler skips.
-
-    `recheck` (see `Recheck`) is asked about each skip: a step still non-finite at loss
-    scale 1 fails there; an overflow, or a skip it could not check, joins the streak.
-    """
-
-    def __init__(
-        self,
-        max_streak: int = MAX_SKIP_STREAK,
-        min_scale: float = MIN_SCALE,
-        backoff: float = 0.5,
-        recheck: Recheck | None = None,
-    ) -> None:
-        self.max_streak = max_streak
-        self.min_scale = min_scale
-        self.backoff = backoff
-        self.recheck = recheck
-        self.streak_start: int | None = None
-        self.streak = 0  # skips in a row
-        self.counted = 0  # of them, those at a scale of at most STREAK_CEILING
-
-    @classmethod
-    def for_scaler(
-        cls, scaler: torch.amp.GradScaler | None, recheck: Recheck | None = None
-    ) -> Judge:
-        if scaler is None:
-            return cls(recheck=recheck)
-        # NB: a user who starts at a tiny init_scale on purpose has not collapsed at 1.0.
-        min_scale = min(MIN_SCALE, scaler.get_scale() / 2**16)
-        return cls(min_scale=min_scale, backoff=scaler.get_backoff_factor(), recheck=recheck)
-
-    def __call__(self, r: Reading) -> Verdict:
-        """NB: a non-finite batch or model output fails a step only with what it reaches:
-        the loss, the gradients or the weights. Values the loss selects away (labels
-        missing as NaN, masked positions) heal; the step is healthy. When the step does
-        fail, its phase is the first that went non-finite, the batch's included."""
-        if r.params_before or r.loss_bad:  # NB: the rare case
-            return self._failed_before_backward(r)
-        if r.aborted and (r.input or r.forward):  # NB: what it saw is all there is
-            failed = self._failed_before_backward(r)
-            return dataclasses.replace(failed, why=f"{failed.why}; the step raised before it ended")
-        if r.grads:
-            return self._upstream(r, self._bad_gradients(r))
-        self.streak, self.counted, self.streak_start = 0, 0, None
-        if r.params:
-            why = "the optimizer's update made parameters non-finite"
-            failed = Verdict(r, failed=True, step=r.step, phase=Phase.OPTIMIZER, why=why)
-            return self._upstream(r, failed)
-        return Verdict(r)
-
-    def _upstream(self, r: Reading, verdict: Verdict) -> Verdict:
-        """A failure of this step's gradients or update whose batch or model output was
-        already non-finite began there (not a collapse: it points back to its streak)."""
-        if not (r.input or r.forward) or not verdict.failed or verdict.collapsed:
-            return verdict
-        return dataclasses.replace(self._failed_before_backward(r), hidden=verdict.hidden)
-
-    def _failed_before_backward(self, r: Reading) -> Verdict:
-        """The first phase before the backward whose values went non-finite."""
-        phase, why = next(
-            (phase, why)
-            for phase, flagged, why in (
-                (Phase.PARAMETERS, r.params_before, "parameters were non-finite before the step"),
-                (Phase.INPUT, r.input, "the batch held non-finite values"),
-                (Phase.FORWARD, r.forward, "the model's output was non-finite"),
-                (Phase.LOSS, r.loss_bad, "the loss was non-finite"),
-            )
-            if flagged
-        )
-        return Verdict(r, failed=True, step=r.step, phase=phase, why=why)
-
-    def _bad_gradients(self, r: Reading) -> Verdict:
-        if r.scale is None:
-            why = "gradients were non-finite (no GradScaler to skip the step)"
-            return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, why=why)
-        still_bad = self.recheck(r.step) if self.recheck is not None else None
-        if still_bad:
-            return hidden_failure(r)
-        if self.streak == 0:
-            self.streak_start = r.step
-        self.streak += 1
-        self.counted += r.scale <= STREAK_CEILING
-        next_scale = r.scale * self.backoff
-        reason = UNCHECKED if still_bad is None else OVERFLOW
-        if self.counted >= self.max_streak or next_scale < self.min_scale:
-            # NB: the scale the last skipped step used, as the evidence and the telemetry
-            # quote it (not the one `update()` then halved it to)
-            at = f"loss scale {_fmt(r.scale)}"
-            why = (
-                f"the GradScaler skipped {self.streak} steps in a row from step "
-                f"{self.streak_start}, the last at {at}"
-                if self.streak > 1
-                else f"the GradScaler skipped step {self.streak_start} at {at}"
-            )
-            step, phase = self.streak_start, Phase.BACKWARD
-            return Verdict(r, failed=True, step=step, phase=phase, skip_reason=reason, why=why)
-        return Verdict(r, skipped=True, streak_start=self.streak_start, skip_reason=reason)
-
-
-def hidden_failure(r: Reading, rechecked: str = "") -> Verdict:
-    """The failure a GradScaler skip hid: its gradients non-finite at loss scale 1 too
-    (`rechecked`: how, when not as the step ran)."""
-    why = (
-        f"the GradScaler skipped step {r.step}, but its gradients are non-finite at loss "
-        f"scale 1 too{rechecked}: the scaler hid a real failure"
-    )
-    return Verdict(r, failed=True, step=r.step, phase=Phase.BACKWARD, hidden=True, why=why)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:g}" if math.isfinite(x) else str(x)
-
-
-__all__ = [
-    "OVERFLOW",
-    "UNCHECKED",
-    "Judge",
-    "Reading",
-    "Recheck",
-    "Sentinel",
-    "Verdict",
-    "hidden_failure",
-]
+__all__ = ["Sentinel"]

@@ -30,8 +30,9 @@ from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.precursors import Precursors, forecasting
 from nandoctor.runtime.probe import Probe, Probes, StepContext
-from nandoctor.runtime.record import Recorder, RunResult
-from nandoctor.runtime.sentinel import Sentinel, Verdict
+from nandoctor.runtime.record import Recorder, RunResult, RunStatus
+from nandoctor.runtime.sentinel import Sentinel
+from nandoctor.runtime.verdict import Verdict
 from nandoctor.watch import protocol
 from nandoctor.watch.protocol import Settings
 from nandoctor.watch.recheck import SkipRecheck
@@ -71,7 +72,7 @@ class Watched:
         tracing = settings.trace_step is not None
         self.sentinel = Sentinel(self.run, defer=False if tracing else None)
         self.lrs = LrHistory()  # NB: the rate each step ran with, as `diagnose` keeps it
-        self.result = RunResult("healthy", self.run.start_step, 0)
+        self.result = RunResult(RunStatus.HEALTHY, self.run.start_step, 0)
         self.recorder = Recorder(self.result)  # NB: its clock starts with the process's torch
         self.precursors: Precursors | None = None
         if not tracing and not settings.recheck_steps:  # NB: the first run forecasts
@@ -232,7 +233,7 @@ class Watched:
         data = {
             "pid": self.pid,
             **protocol.job_place(),
-            "status": result.status,
+            "status": result.status.value,
             "start_step": result.start_step,
             "steps_run": result.steps_run,
             "seconds": result.seconds,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from nandoctor.localize.replay import Localization
 from nandoctor.runtime.probe import Phase
-from nandoctor.runtime.sentinel import Verdict
+from nandoctor.runtime.verdict import Verdict
 from nandoctor.watch.results import ChildRun, Trace, received_from_peers
 
 _BEFORE_BACKWARD = (Phase.PARAMETERS, Phase.INPUT, Phase.FORWARD, Phase.LOSS)

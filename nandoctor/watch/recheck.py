@@ -27,10 +27,11 @@ import torch
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.runtime import wrappers
 from nandoctor.runtime.hooked import HookedRun
+from nandoctor.runtime.judge import hidden_failure
 from nandoctor.runtime.probe import Probe, StepContext
 from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import OVERFLOW, UNCHECKED, Reading, hidden_failure
 from nandoctor.runtime.tensors import nonfinite
+from nandoctor.runtime.verdict import OVERFLOW, UNCHECKED, Reading
 
 # (step, the rerun skipped it too, its gradients were non-finite at loss scale 1)
 Checked = Callable[[int, bool, bool], None]
@@ -149,7 +150,7 @@ def with_answers(result: RunResult, answers: dict[int, bool]) -> RunResult:
     if hidden is None:
         failure = result.failure
         if failure is not None and all(answers.get(e.step) is False for e in _skips(result)):
-            failure = replace(failure, skip_reason=OVERFLOW)
+            failure = replace(failure, unchecked=False)  # NB: every skip an overflow
         return replace(result, events=events, failure=failure)
     return _failed_at(replace(result, events=events), hidden)
 

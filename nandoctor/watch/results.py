@@ -18,8 +18,8 @@ from nandoctor.report.signals import Curves
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.types import Environment
 from nandoctor.runtime.probe import Phase
-from nandoctor.runtime.record import RunResult
-from nandoctor.runtime.sentinel import Reading, Verdict
+from nandoctor.runtime.record import RunResult, RunStatus
+from nandoctor.runtime.verdict import Reading, StepOutcome, Verdict
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def _order(run: ChildRun) -> tuple:
 
 def _run(data: dict[str, Any]) -> ChildRun:
     result = RunResult(
-        status=data["status"],
+        status=RunStatus(data["status"]),
         start_step=data["start_step"],
         steps_run=data["steps_run"],
         failure=_verdict(data["failure"]) if data["failure"] else None,
@@ -110,7 +110,8 @@ def _curves(data: dict[str, Any] | None) -> Curves | None:
 
 def _verdict(data: dict[str, Any]) -> Verdict:
     phase = Phase(data["phase"]) if data["phase"] else None
-    return Verdict(**{**data, "reading": Reading(**data["reading"]), "phase": phase})
+    reading, outcome = Reading(**data["reading"]), StepOutcome(data["outcome"])
+    return Verdict(**{**data, "reading": reading, "outcome": outcome, "phase": phase})
 
 
 def load_rechecks(folder: str) -> dict[int, tuple[bool, bool]]:

@@ -30,7 +30,7 @@ from nandoctor.errors import ExitCode
 from nandoctor.localize.replay import Localization, localize_failure
 from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.hooks import CLIP_BEFORE_UNSCALE
-from nandoctor.runtime.record import RunResult
+from nandoctor.runtime.record import RunResult, RunStatus
 from nandoctor.watch import recheck, results
 from nandoctor.watch.process import INTERRUPTED_CODE, TIMED_OUT_CODE, run_command
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, Settings
@@ -84,8 +84,9 @@ def watched(
     elif first is not None and failure is not None and failure.step is not None:
         try:
             first, notes = _maybe_recheck(command, first, runs, options)
-            located, more = _maybe_replay(command, first.result, options, on_replay, traces)
-            notes += more
+            located, more, result = _maybe_replay(command, first.result, options, on_replay, traces)
+            first, notes = replace(first, result=result), notes + more
+            runs = [first, *runs[1:]]  # NB: its failure as the replay placed it, for the ranks
             if located is not None and traces and traces[0].rank != first.rank:
                 # NB: a job's replay traced by another rank than the run that failed
                 # first: its losses are another process's, nothing to hold them against
@@ -135,12 +136,7 @@ def _maybe_recheck(
             "its data order"
         ]
     result = recheck.with_answers(first.result, {s: bad for s, (_, bad) in answers.items()})
-    failure = result.failure
-    still = failure is not None and failure.collapsed_unchecked  # NB: not all were answered
-    facts = replace(first.facts, collapse_unchecked=still)
-    if failure is not None and not failure.collapsed:  # NB: a hidden failure
-        facts = replace(facts, collapsed=False, collapse_why="")
-    return replace(first, result=result, facts=facts), []
+    return replace(first, result=result), []
 
 
 def _maybe_replay(
@@ -149,23 +145,14 @@ def _maybe_replay(
     options: WatchOptions,
     on_replay,
     traces: list[results.Trace],
-) -> tuple[Localization | None, list[str]]:
-    """The failure replayed (`traces`: every process's replay of the step, filled in)."""
+) -> tuple[Localization | None, list[str], RunResult]:
+    """The failure replayed (`traces`: every process's replay of the step, filled in),
+    and the run with the failure the replay placed (a new result: it may move a step back)."""
     failure = result.failure
     assert failure is not None and failure.step is not None
-    if not options.replay:
-        return None, [f"no replay (--no-replay): {_RERUN_HINT}"]
-    if options.kept_going:
-        return None, [
-            "no replay after --continue: a rerun would repeat the script's side effects (its "
-            "checkpoints, its logs) over those of the run that went on to its end; "
-            f"{_RERUN_HINT} (rerun without --continue for them)"
-        ]
-    if result.seconds > options.replay_budget:
-        return None, [
-            f"no replay: the command took {_seconds(result.seconds)} to fail, more than the "
-            f"replay budget of {_seconds(options.replay_budget)} (--replay-budget); {_RERUN_HINT}"
-        ]
+    why_not = _no_replay(result, options)
+    if why_not is not None:
+        return None, [why_not], result
     if on_replay is not None:
         on_replay(failure.step)
     timeout = max(RERUN_MIN_S, 3 * result.seconds + RERUN_SLACK_S)
@@ -181,8 +168,26 @@ def _maybe_replay(
             traces[:] = results.load_traces(folder)
             return results.located_of(traces, step, _last_line(log), stopped_after=stopped)
 
-    located, result.failure = localize_failure(failure, result.start_step, replay)
-    return located, []
+    located, failure = localize_failure(failure, result.start_step, replay)
+    return located, [], replace(result, failure=failure)
+
+
+def _no_replay(result: RunResult, options: WatchOptions) -> str | None:
+    """Why the failure is not replayed (the report's note), or None when it is."""
+    if not options.replay:
+        return f"no replay (--no-replay): {_RERUN_HINT}"
+    if options.kept_going:
+        return (
+            "no replay after --continue: a rerun would repeat the script's side effects (its "
+            "checkpoints, its logs) over those of the run that went on to its end; "
+            f"{_RERUN_HINT} (rerun without --continue for them)"
+        )
+    if result.seconds > options.replay_budget:
+        return (
+            f"no replay: the command took {_seconds(result.seconds)} to fail, more than the "
+            f"replay budget of {_seconds(options.replay_budget)} (--replay-budget); {_RERUN_HINT}"
+        )
+    return None
 
 
 def _rerun_limit(timeout: float) -> str:
@@ -221,7 +226,7 @@ def _report(
     with the command's own exit code (see `assemble.status_of`); `interrupted`: what an
     interrupt cut short (the replay); `raised`: the exception the command died of."""
     if first is None:
-        result = RunResult("healthy", 0, 0)
+        result = RunResult(RunStatus.HEALTHY, 0, 0)
         notes = [*notes, _not_attached(code) if not attached else "no optimizer step was seen"]
         env = Environment("unknown", torch.__version__, "unknown", False, 0)
         facts = None
