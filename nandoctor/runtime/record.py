@@ -56,6 +56,9 @@ class RunResult:
     forecasts: list[Forecast] = field(default_factory=list)  # fired so far, best first
     signals: Curves | None = None  # the forecast's signals a step, when they were measured
 
+    def __post_init__(self) -> None:
+        self.status = RunStatus(self.status)  # NB: its value is taken too (a watched run's JSON)
+
     @property
     def steps_completed(self) -> int:
         """Clean optimizer steps before the first bad one (SPEC's `steps_completed`)."""

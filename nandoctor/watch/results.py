@@ -18,7 +18,7 @@ from nandoctor.report.signals import Curves
 from nandoctor.report.telemetry import Event, Telemetry
 from nandoctor.report.types import Environment
 from nandoctor.runtime.probe import Phase
-from nandoctor.runtime.record import RunResult, RunStatus
+from nandoctor.runtime.record import RunResult
 from nandoctor.runtime.verdict import Reading, StepOutcome, Verdict
 
 
@@ -88,7 +88,7 @@ def _order(run: ChildRun) -> tuple:
 
 def _run(data: dict[str, Any]) -> ChildRun:
     result = RunResult(
-        status=RunStatus(data["status"]),
+        status=data["status"],
         start_step=data["start_step"],
         steps_run=data["steps_run"],
         failure=_verdict(data["failure"]) if data["failure"] else None,
