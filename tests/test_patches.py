@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from nandoctor.causes import catalog
 from nandoctor.registry import DuplicateError
-from nandoctor.runtime import safe_ops
+from nandoctor.runtime import safe_ops, wrappers
 from nandoctor.runtime.patches import (
     PATCHES,
     EpsilonPatch,
@@ -25,6 +25,8 @@ from nandoctor.runtime.patches import (
 )
 from nandoctor.runtime.safe_ops import Kind
 
+_TENSOR_SOFTMAX = torch.Tensor.softmax
+
 
 def test_log_of_softmax_becomes_log_softmax_in_every_spelling():
     x = torch.tensor([[0.0, 30.0, -30.0]], dtype=torch.float16)
@@ -36,6 +38,36 @@ def test_log_of_softmax_becomes_log_softmax_in_every_spelling():
         assert torch.isfinite(y).all()
         torch.testing.assert_close(y, F.log_softmax(x, -1))
     assert patch.hits == 3
+
+
+def test_log_of_softmax_is_rewritten_while_the_forecast_wraps_softmax_in_torch():
+    """The forecast's listener wraps `torch.Tensor.softmax` (and log) in torch, and torch
+    hands a mode the method as it finds it: the wrapper. The patch found nothing to rewrite
+    and the log-of-softmax fix went unverified whenever a listener was on."""
+
+    class Listener:
+        def softmax_called(self, op, x, dim, out):
+            pass
+
+        def attention_called(self, args, kwargs):
+            pass
+
+        def log_called(self, x):
+            pass
+
+    x = torch.tensor([[0.0, 30.0, -30.0]], dtype=torch.float16)
+    listener = Listener()
+    wrappers.listen_softmaxes(listener)
+    try:
+        assert torch.Tensor.softmax is not _TENSOR_SOFTMAX  # the wrapper is on
+        with LogSoftmaxPatch() as patch:
+            y = F.softmax(x, dim=-1).log()  # nandoctor: ignore[log-of-softmax]
+            z = torch.log(x.softmax(-1))  # nandoctor: ignore[log-of-softmax]
+    finally:
+        wrappers.stop_listening_softmaxes(listener)
+    assert patch.hits == 2
+    torch.testing.assert_close(y, F.log_softmax(x, -1))
+    torch.testing.assert_close(z, F.log_softmax(x, -1))
 
 
 def test_log_of_something_else_is_left_alone():

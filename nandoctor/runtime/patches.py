@@ -39,7 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.registry import Registry
-from nandoctor.runtime import epsilons, safe_ops
+from nandoctor.runtime import epsilons, safe_ops, wrappers
 from nandoctor.runtime.probe import Probe
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
@@ -75,7 +75,10 @@ class MathPatch(Probe, TorchFunctionMode):
         TorchFunctionMode.__exit__(self, *exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        return self.rewrite(func, args, kwargs or {})
+        # NB: torch hands a mode a `Tensor` method as it finds it there: nandoctor's own
+        # wrapper while the forecast listens (`runtime.wrappers`), or a user's made with
+        # `functools.wraps`; each patch knows torch's own callables
+        return self.rewrite(getattr(func, "__wrapped__", func), args, kwargs or {})
 
     def rewrite(self, func: Any, args: tuple, kwargs: dict) -> Any:
         return func(*args, **kwargs)
@@ -325,7 +328,9 @@ def _absolute(filename: str) -> str:
     return os.path.realpath(filename)
 
 
-_OWN_FILES = frozenset({_absolute(__file__), _absolute(safe_ops.__file__)})
+# NB: frames passed over on the way to the user's: the patches', and torch's callables
+# wrapped in torch while the forecast listens
+_OWN_FILES = frozenset(_absolute(m.__file__) for m in (sys.modules[__name__], safe_ops, wrappers))
 _TORCH_DIR = os.path.dirname(_absolute(torch.__file__)) + os.sep
 _NAMES: dict[Any, str] = {}
 
