@@ -39,7 +39,7 @@ from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
-from nandoctor.errors import ExitCode, NandoctorError, UsageError, is_user_file, kind_of
+from nandoctor.errors import ExitCode, NandoctorError, UsageError, kind_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.render.forecast import warning_line
 from nandoctor.render.markdown import render_markdown
@@ -54,6 +54,7 @@ from nandoctor.runtime.record import ForecastCallback, Recorder, RunResult
 from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
 from nandoctor.runtime.sentinel import Sentinel, Verdict
 from nandoctor.runtime.snapshot import SnapshotStore
+from nandoctor.user_files import is_user_file
 
 T = TypeVar("T")
 

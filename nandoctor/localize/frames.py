@@ -21,9 +21,9 @@ import sys
 from pathlib import PurePath
 from types import FrameType
 
-from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.report.types import Frame
 from nandoctor.setup import cuda_autocast
+from nandoctor.user_files import is_nandoctor_file, is_user_file
 
 # NB: path fragments (as displayed, '/'-separated) of plumbing between a user and the math
 _MACHINERY = (

@@ -37,10 +37,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.registry import Registry
 from nandoctor.runtime import epsilons, safe_ops
 from nandoctor.runtime.probe import Probe
+from nandoctor.user_files import is_nandoctor_file, is_user_file
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
 _LOG = {torch.log, torch.Tensor.log}
