@@ -15,7 +15,7 @@ import pytest
 import typer
 
 from nandoctor.cli.app import cli_console, end_before_teardown, handles_errors
-from nandoctor.errors import peer_failed
+from nandoctor.setup.peers import peer_failed
 from tests.conftest import REPO
 
 PROBE = """

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from nandoctor.causes import catalog
+from nandoctor.localize.modes import NodeRecorder
 from nandoctor.registry import DuplicateError
 from nandoctor.runtime import safe_ops, wrappers
 from nandoctor.runtime.patches import (
@@ -289,6 +290,44 @@ def test_a_custom_autograd_function_at_the_line_runs_in_float32(user):
     assert out.dtype == torch.float32 and torch.isfinite(out).all() and patch.hits == 1
     assert torch.autograd.Function.__dict__["apply"] is apply  # put back on exit
     assert user.amplify(x).dtype == torch.float16
+
+
+class Notes:
+    """What the tracer's `NodeRecorder` tells its tracer: what made each autograd node."""
+
+    def __init__(self) -> None:
+        self.made_by: list = []
+
+    def watching(self) -> bool:
+        return True
+
+    def note_node(self, node, made_by) -> None:
+        self.made_by.append(made_by)
+
+
+@pytest.mark.parametrize("outer", ["guard", "tracer"])
+def test_the_guard_and_the_tracer_share_function_apply_nested_either_way(user, outer):
+    """Both wrap a custom Function's `apply` (the guard runs it in float32, the tracer notes
+    the node it made), through the one wrapper of runtime/wrappers.py: nested either way,
+    each sees every apply while it is on, and torch's own `apply` is back, the very object,
+    once both have left."""
+    apply = torch.autograd.Function.__dict__["apply"]
+    x = torch.full((3,), 100.0, dtype=torch.float16, requires_grad=True)
+    guard = OriginGuardPatch(user.site("Amplify.apply(x)", "Amplify", overflowed=True))
+    tracer = Notes()
+    recorder = NodeRecorder(tracer)
+    first, second = (guard, recorder) if outer == "guard" else (recorder, guard)
+    with first:
+        with second:
+            both = user.amplify(x)
+        alone = user.amplify(x)
+    assert torch.autograd.Function.__dict__["apply"] is apply
+    noted = [made_by for made_by in tracer.made_by if made_by is user.Amplify]
+    assert both.dtype == torch.float32
+    if outer == "guard":
+        assert alone.dtype == torch.float32 and guard.hits == 2 and len(noted) == 1
+    else:
+        assert alone.dtype == torch.float16 and guard.hits == 1 and len(noted) == 2
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,8 @@ def _nothing_to_average(case: Case) -> Hit | None:
 
 
 def _pairs(scalars: list[str]) -> list[tuple[str, str]]:
-    return [tuple(s.split("=", 1)) for s in scalars if "=" in s]  # type: ignore[misc]
+    """The evidence's `name=value` scalars, as (name, value)."""
+    return [(name, value) for name, eq, value in (s.partition("=") for s in scalars) if eq]
 
 
 CAUSE = CauseUnit(INFO, rule=division_by_zero, fixes=(GUARD_ORIGIN,))

@@ -32,13 +32,12 @@ from nandoctor.errors import (
     UsageError,
     UserCodeError,
     UserExit,
-    forget_torch_globals,
-    is_user_file,
     memory_message,
     out_of_memory,
-    peer_failed,
-    peer_failure,
 )
+from nandoctor.setup.peers import peer_failed, peer_failure
+from nandoctor.setup.torch_globals import forget_torch_globals
+from nandoctor.user_files import is_user_file
 from nandoctor.version import __version__
 
 app = typer.Typer(

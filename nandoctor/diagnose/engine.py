@@ -31,7 +31,7 @@ from nandoctor.diagnose.summary import (
     VERIFY_INTERRUPTED,
     run_notes,
 )
-from nandoctor.errors import NandoctorError, UsageError, forget_torch_globals
+from nandoctor.errors import NandoctorError, UsageError
 from nandoctor.gate.baseline import Baseline, require_comparable, require_same_model
 from nandoctor.gate.check import Tolerances, gate_of
 from nandoctor.localize.replay import Localization, Recorded, localize, localize_failure
@@ -51,6 +51,7 @@ from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.verdict import Verdict
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session, build_session
+from nandoctor.setup.torch_globals import forget_torch_globals
 
 SessionCallback = Callable[[Session], None]
 

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import torch
 
 from nandoctor.causes.words import plural, value_word, values
-from nandoctor.errors import changed_torch_globals
 from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.reproduction import VALUES_DIFFER, Reproduction
@@ -21,6 +20,7 @@ from nandoctor.runtime.record import RunResult, RunStatus
 from nandoctor.runtime.verdict import Verdict
 from nandoctor.setup.devices import cpu_autocast_note
 from nandoctor.setup.session import Session
+from nandoctor.setup.torch_globals import changed_torch_globals
 
 REPLAY_INTERRUPTED = "interrupted during the instrumented replay: where and why are unknown"
 VERIFY_INTERRUPTED = "interrupted while verifying fixes; the causes are not verified"
@@ -122,7 +122,7 @@ def long_replay_note(result: RunResult, checkpoint: str | None) -> list[str]:
 
 
 def globals_notes() -> list[str]:
-    """The global torch settings the user's code changed (`errors.torch_globals`)."""
+    """The global torch settings the user's code changed (`setup.torch_globals`)."""
     return [
         f"your code set torch's {name} to {value}: your calls ran with it, nandoctor's own "
         "checks and replays with the value it started with"

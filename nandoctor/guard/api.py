@@ -40,7 +40,7 @@ from nandoctor.diagnose.assemble import Findings, assemble
 from nandoctor.diagnose.explain import causes_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
-from nandoctor.errors import ExitCode, NandoctorError, UsageError, is_user_file, kind_of
+from nandoctor.errors import ExitCode, NandoctorError, UsageError, kind_of
 from nandoctor.localize.replay import Localization, localize, localize_failure
 from nandoctor.render.forecast import warning_line
 from nandoctor.render.markdown import render_markdown
@@ -56,6 +56,7 @@ from nandoctor.runtime.rerun import KeptStep, KeptSteps, named_batch
 from nandoctor.runtime.sentinel import Sentinel
 from nandoctor.runtime.snapshot import SnapshotStore
 from nandoctor.runtime.verdict import Verdict
+from nandoctor.user_files import is_user_file
 
 T = TypeVar("T")
 

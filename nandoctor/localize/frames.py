@@ -21,9 +21,10 @@ import sys
 from pathlib import PurePath
 from types import FrameType
 
-from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.report.types import Frame
+from nandoctor.runtime import wrappers
 from nandoctor.setup import cuda_autocast
+from nandoctor.user_files import is_nandoctor_file, is_user_file
 
 # NB: path fragments (as displayed, '/'-separated) of plumbing between a user and the math
 _MACHINERY = (
@@ -67,7 +68,7 @@ def user_source() -> str | None:
         filename = frame.f_code.co_filename
         if is_user_file(filename):
             return f"{display_path(filename)}:{frame.f_lineno}"
-        if is_nandoctor_file(filename) and not is_probe_file(filename):
+        if is_nandoctor_file(filename) and not _passed_over(frame):
             return None
         frame = frame.f_back
     return None
@@ -85,7 +86,7 @@ def call_site(frame: FrameType | None = None) -> tuple[str | None, list[Frame]]:
         if is_user_file(filename):
             frames.append(Frame(display_path(filename), frame.f_lineno, True))
             return f"{frames[-1].file}:{frames[-1].line}", frames
-        if is_nandoctor_file(filename) and not is_probe_file(filename):
+        if is_nandoctor_file(filename) and not _passed_over(frame):
             break
         shown = _library_file(filename)
         if shown is not None and shown[0] not in packages:
@@ -113,6 +114,12 @@ def _library_file(filename: str) -> tuple[str, str] | None:
     if not inside or any(fragment in shown for fragment in _MACHINERY):
         return None
     return inside[0], shown
+
+
+def _passed_over(frame: FrameType) -> bool:
+    """A frame of nandoctor's that is never the caller: a probe's, or the wrapper of a
+    custom Function's `apply` that brings its call to the tracer's `NodeRecorder`."""
+    return is_probe_file(frame.f_code.co_filename) or wrappers.passes_through(frame)
 
 
 def is_probe_file(filename: str) -> bool:

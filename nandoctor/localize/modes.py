@@ -24,6 +24,7 @@ from nandoctor.localize import ops
 from nandoctor.localize.origins import reaching
 from nandoctor.localize.stats import kinds_of
 from nandoctor.report.types import Frame
+from nandoctor.runtime import wrappers
 
 if TYPE_CHECKING:
     from nandoctor.localize.tracer import Tracer
@@ -143,21 +144,20 @@ class OpChecker(TorchDispatchMode):
 class NodeRecorder(TorchFunctionMode):
     """Notes where each autograd node was made: the torch function whose output it is,
     and a custom `torch.autograd.Function`'s `apply`, which function modes never see (its
-    node was otherwise taken for the next op's: Bloom's GeLU backward for the Linear's)."""
+    node was otherwise taken for the next op's: Bloom's GeLU backward for the Linear's;
+    `wrappers.observe_applies`)."""
 
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
         self.tracer = tracer
-        self._apply: Any = None
 
     def __enter__(self) -> NodeRecorder:
         super().__enter__()
-        self._apply = torch.autograd.Function.__dict__["apply"]
-        torch.autograd.Function.apply = classmethod(self._noted_apply)  # type: ignore[assignment,method-assign]
+        wrappers.observe_applies(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        torch.autograd.Function.apply = self._apply  # type: ignore[method-assign]
+        wrappers.stop_observing_applies(self)
         super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -165,10 +165,8 @@ class NodeRecorder(TorchFunctionMode):
         self._note(out, func)
         return out
 
-    def _noted_apply(self, cls: type, *args: Any, **kwargs: Any) -> Any:
-        out = self._apply.__func__(cls, *args, **kwargs)
+    def applied(self, cls: type, out: Any) -> None:
         self._note(out, cls)
-        return out
 
     def _note(self, out: Any, made_by: Any) -> None:
         if self.tracer.watching():

@@ -20,19 +20,22 @@ the class gets its own `__call__` back when its last follower leaves.
 NB: the wrapper steps aside while `torch.compile` traces (`is_compiling`): a compiled
 region calls the original, as if nothing were there. `torch.compile` itself builds its
 `OptimizedModule` with the classes' own `__call__` (it keeps the one it finds), so that
-a compiled module never holds nandoctor's wrapper.
+a compiled module never holds nandoctor's wrapper: while anything is followed, each call
+of `torch.compile` is announced here (`compiling`, through `runtime.wrappers`, where the
+one global patch of `torch.compile` is).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+from nandoctor.runtime import wrappers
 
 
 class Follower(Protocol):
@@ -50,7 +53,7 @@ _wrapped: dict[type, tuple[Callable[..., Any] | None, Callable[..., Any]]] = {} 
 # NB: each class's wrapper, made once: a compiled region that calls the class guards on
 # its `__call__`, and a new wrapper at each attach (`guard.step`'s) would recompile it
 _made: dict[type, tuple[Callable[..., Any] | None, Callable[..., Any]]] = {}
-_compile: Callable[..., Any] | None = None  # torch.compile, while it is wrapped
+_listening = False  # told of each torch.compile (`wrappers.listen_compiles`)
 _optimized: type | None = None  # torch.compile's module class, once torch has imported it
 
 
@@ -188,28 +191,31 @@ def _optimized_module() -> type | None:
     return _optimized
 
 
-def _wrap_compile() -> None:
+class _Compiles:
     """`torch.compile` builds its module with the classes' own `__call__`; the first
     `OptimizedModule` it returns is followed from its first call on."""
-    global _compile
-    if _compile is not None:
-        return
-    original = _compile = torch.compile
 
-    @functools.wraps(original)
-    def compile(*args: Any, **kwargs: Any) -> Any:
+    @contextlib.contextmanager
+    def compiling(self) -> Iterator[None]:
         with _unwrapped():
-            out = original(*args, **kwargs)
+            yield
         optimized = _optimized_module()
         if _compiled and optimized is not None:
             _wrap(optimized)
-        return out
 
-    torch.compile = compile
+
+_COMPILES = _Compiles()
+
+
+def _wrap_compile() -> None:
+    global _listening
+    if not _listening:
+        wrappers.listen_compiles(_COMPILES)
+        _listening = True
 
 
 def _unwrap_compile() -> None:
-    global _compile
-    if _compile is not None:
-        torch.compile = _compile
-        _compile = None
+    global _listening
+    if _listening:
+        wrappers.stop_listening_compiles(_COMPILES)
+        _listening = False

@@ -37,10 +37,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.errors import is_nandoctor_file, is_user_file
 from nandoctor.registry import Registry
 from nandoctor.runtime import epsilons, safe_ops, wrappers
 from nandoctor.runtime.probe import Probe
+from nandoctor.user_files import is_nandoctor_file, is_user_file
 
 _SOFTMAX = {torch.softmax, F.softmax, torch.Tensor.softmax, torch.nn.functional.softmax}
 _LOG = {torch.log, torch.Tensor.log}
@@ -209,18 +209,15 @@ class OpSite:
 class OriginGuardPatch(MathPatch):
     """Guard the origin op: the op of `site`'s family, called from `site`'s line, runs in
     its safe form (safe_ops.py); so does a custom autograd Function applied from that line,
-    in float32, where float32 is the guard. `hits` counts the calls guarded."""
+    in float32, where float32 is the guard (`wrappers.guard_applies`). `hits` counts the
+    calls guarded."""
 
     def __init__(self, site: OpSite) -> None:
         super().__init__()
         self.site = site
         self.float32 = safe_ops.guards_float32(site.family, site.overflowed)
-        self._apply: Any = None
-
-    @property
-    def describe(self) -> str:  # type: ignore[override]
-        name = os.path.basename(self.site.file)
-        return f"the {self.site.family} at {name}:{self.site.line} guarded ({self._how()})"
+        name = os.path.basename(site.file)
+        self.describe = f"the {site.family} at {name}:{site.line} guarded ({self._how()})"
 
     def _how(self) -> str:
         if self.site.scale:
@@ -231,14 +228,12 @@ class OriginGuardPatch(MathPatch):
     def __enter__(self) -> OriginGuardPatch:
         super().__enter__()
         if self.float32:
-            self._apply = torch.autograd.Function.__dict__["apply"]
-            torch.autograd.Function.apply = classmethod(self._guarded_apply)  # type: ignore[assignment,method-assign]
+            wrappers.guard_applies(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._apply is not None:
-            torch.autograd.Function.apply = self._apply  # type: ignore[method-assign]
-            self._apply = None
+        if self.float32:
+            wrappers.stop_guarding_applies(self)
         super().__exit__(*exc)
 
     def rewrite(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -256,8 +251,7 @@ class OriginGuardPatch(MathPatch):
         self.hits += 1
         return safe_ops.safe_call(func, name, args, kwargs)
 
-    def _guarded_apply(self, cls: type, *args: Any, **kwargs: Any) -> Any:
-        apply = self._apply.__func__
+    def guard_apply(self, apply: Callable[..., Any], cls: type, *args: Any, **kwargs: Any) -> Any:
         if not self._at_site():
             return apply(cls, *args, **kwargs)
         self.hits += 1
@@ -283,7 +277,7 @@ def _user_line(frame: FrameType | None) -> tuple[str, int] | None:
         filename = frame.f_code.co_filename
         if is_user_file(filename):
             return _absolute(filename), frame.f_lineno
-        if is_nandoctor_file(filename) and _absolute(filename) not in _OWN_FILES:
+        if is_nandoctor_file(filename) and not _passed_over(frame):
             return None
         frame = frame.f_back
     return None
@@ -296,8 +290,7 @@ def _called_by_user(frame: FrameType | None) -> bool:
         filename = frame.f_code.co_filename
         if is_user_file(filename):
             return True
-        path = _absolute(filename)
-        if path not in _OWN_FILES and not path.startswith(_TORCH_DIR):
+        if not _passed_over(frame) and not _absolute(filename).startswith(_TORCH_DIR):
             return False
         frame = frame.f_back
     return False
@@ -312,10 +305,16 @@ def _through(frame: FrameType | None, shown: str, line: int) -> bool:
             return True
         if is_user_file(filename):
             return False
-        if is_nandoctor_file(filename) and _absolute(filename) not in _OWN_FILES:
+        if is_nandoctor_file(filename) and not _passed_over(frame):
             return False
         frame = frame.f_back
     return False
+
+
+def _passed_over(frame: FrameType) -> bool:
+    """A frame of nandoctor's on the way from the user's line to the op: this module's,
+    the safe ops', or the wrapper that brings a custom Function's `apply` to the guard."""
+    return _absolute(frame.f_code.co_filename) in _OWN_FILES or wrappers.passes_through(frame)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -328,9 +327,7 @@ def _absolute(filename: str) -> str:
     return os.path.realpath(filename)
 
 
-# NB: frames passed over on the way to the user's: the patches', and torch's callables
-# wrapped in torch while the forecast listens
-_OWN_FILES = frozenset(_absolute(m.__file__) for m in (sys.modules[__name__], safe_ops, wrappers))
+_OWN_FILES = frozenset({_absolute(__file__), _absolute(safe_ops.__file__)})
 _TORCH_DIR = os.path.dirname(_absolute(torch.__file__)) + os.sep
 _NAMES: dict[Any, str] = {}
 

@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 import torch
 
-from nandoctor.errors import user_code
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.hooks import StepHooks
 from nandoctor.runtime.probe import Probe
 from nandoctor.runtime.step import run_step
 from nandoctor.runtime.tensors import HostBuffers, call_inputs, host_copy, map_tensors
 from nandoctor.setup.session import Session
+from nandoctor.setup.user_code import user_code
 
 StepFn = Callable[..., Any]
 

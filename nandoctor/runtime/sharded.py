@@ -10,7 +10,7 @@ step, as for DDP. Unsharded state passes through both ways untouched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -73,10 +73,11 @@ def _like(live: Any, value: Any) -> Any:
         return value
     from torch.distributed.tensor import DTensor
 
+    sharded = cast(DTensor, live)  # NB: the one kind of tensor `local` finds a shard of
     return DTensor.from_local(
         value.to(live.device),
-        live.device_mesh,  # type: ignore[attr-defined]  # a DTensor's
-        live.placements,  # type: ignore[attr-defined]
+        sharded.device_mesh,
+        sharded.placements,
         run_check=False,
         shape=live.shape,
         stride=live.stride(),

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
-from nandoctor.errors import ConfigError, kind_of, user_code
+from nandoctor.errors import ConfigError, kind_of
 from nandoctor.runtime import amp
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import to_device
 from nandoctor.setup.data import MicroBatches
 from nandoctor.setup.scaler import check_master_weights
 from nandoctor.setup.session import Session
+from nandoctor.setup.user_code import user_code
 
 
 def run_step(session: Session, step: int, batch: Any, probe: Probe) -> StepContext:

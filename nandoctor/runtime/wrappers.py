@@ -7,8 +7,12 @@ began and ended" (a skipped step never calls `optimizer.step()`), "the gradients
 unscaled" or "the gradients were clipped to N" (`StepHooks`, following a user's loop:
 `register`), nor for "a softmax ran, on these logits" (the forecast's precursors, whose
 softmaxes can sit outside any module, in the user's loss: `listen_softmaxes`; a
-`TorchFunctionMode` would cost every torch call of every step). Each set is wrapped
-exactly here, while it has a listener:
+`TorchFunctionMode` would cost every torch call of every step), nor for "a custom autograd
+Function was applied", which function modes never see (the tracer's node map:
+`observe_applies`; the guard of an origin op that is such a Function: `guard_applies`),
+nor for "torch.compile is building a module" (`runtime.calls`, which hands it the
+classes' own `__call__`: `listen_compiles`). Each set is wrapped exactly here, while it
+has a listener:
 
     steps:      torch.autograd.backward     (Tensor.backward calls it through the module)
                 torch.amp.GradScaler.scale / .step / .unscale_
@@ -24,6 +28,8 @@ exactly here, while it has a listener:
                 torch.log_softmax, torch.Tensor.log_softmax   (F.log_softmax calls it)
                 torch.log, torch.Tensor.log    (to see a softmax's output logged)
                 torch.nn.functional.scaled_dot_product_attention
+    applies:    torch.autograd.Function.apply  (every custom Function inherits it)
+    compiles:   torch.compile
 
 A set is installed when its first listener registers and restored when its last one
 leaves (`_Patches`), so nested guards (a `Guard` inside a watched script) compose in any
@@ -32,17 +38,24 @@ original again). While a set is on, code that compares those callables by identi
 the wrappers (`functools.wraps` keeps their names and docs), and so does a user's
 `TorchFunctionMode`, which torch hands `torch.Tensor.softmax` as it finds it there. A
 wrapper calls the original and tells its listeners, host-side only; with no listener left
-it behaves exactly like the original. (`runtime.calls` wraps the followed modules'
-classes' `__call__` and `torch.compile` itself: a patch of one module's class, for as long
-as that module is followed.)
+it behaves exactly like the original.
+
+Not here, because they are not global: `runtime.calls` wraps the followed modules'
+classes' `__call__` (a patch of one module's class, for as long as that module is
+followed), and `watch.bootstrap` one loader's `exec_module`, once. Nor are Python's own:
+`os._exit` is wrapped by `cli.app` (an exception in the command's own process, which
+`--help` keeps torch-free) and by `watch.child` (the watched script's call writes what was
+seen first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
 from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any, Protocol
 
 import torch
@@ -70,6 +83,23 @@ class Listener(Protocol):
     def clipped(self, max_norm: float | None) -> None: ...
 
     def unscaled(self) -> None: ...
+
+
+class ApplyGuard(Protocol):
+    """Runs a custom autograd Function's `apply` its own way (in float32, from one line)."""
+
+    def guard_apply(self, apply: Callable[..., Any], cls: type, *args: Any, **kwargs: Any) -> Any:
+        """`apply(cls, *args, **kwargs)` is the call as it would run without this guard."""
+
+
+class ApplyObserver(Protocol):
+    def applied(self, cls: type, out: Any) -> None:
+        """`cls.apply(...)` returned `out` (to its caller: after every guard)."""
+
+
+class CompileListener(Protocol):
+    def compiling(self) -> contextlib.AbstractContextManager[None]:
+        """Entered around each call of `torch.compile`."""
 
 
 _ABSENT = object()  # an attribute the owner had not itself (a class's, inherited)
@@ -148,6 +178,37 @@ def stop_listening_softmaxes(listener: softmax_watch.Listener) -> None:
     _SOFTMAXES.unregister(listener)
 
 
+def guard_applies(guard: ApplyGuard) -> None:
+    """`guard` runs each custom autograd Function's `apply` (`ApplyGuard`). Guards nest in
+    the order they registered, as nested `with`s would: the first is given torch's own
+    `apply`, each later one the guard before it."""
+    _APPLIES.register((_GUARD, guard))
+
+
+def stop_guarding_applies(guard: ApplyGuard) -> None:
+    _APPLIES.unregister((_GUARD, guard))
+
+
+def observe_applies(observer: ApplyObserver) -> None:
+    """`observer` is told of each custom autograd Function's `apply` and what it returned
+    (`ApplyObserver`), after the call: never on the stack while the call runs (a guard
+    reads the stack for the line it guards)."""
+    _APPLIES.register((_OBSERVER, observer))
+
+
+def stop_observing_applies(observer: ApplyObserver) -> None:
+    _APPLIES.unregister((_OBSERVER, observer))
+
+
+def listen_compiles(listener: CompileListener) -> None:
+    """`listener.compiling()` is entered around each call of `torch.compile`."""
+    _COMPILES.register(listener)
+
+
+def stop_listening_compiles(listener: CompileListener) -> None:
+    _COMPILES.unregister(listener)
+
+
 def _install_steps(patches: _Patches) -> None:
     import torch.nn.utils.clip_grad as clip_grad  # NB: the same function as torch.nn.utils'
 
@@ -181,8 +242,19 @@ def _install_softmaxes(patches: _Patches) -> None:
     patches.patch(F, "scaled_dot_product_attention", _wrap_attention)
 
 
+def _install_applies(patches: _Patches) -> None:
+    patches.patch(torch.autograd.Function, "apply", _wrap_apply)
+
+
+def _install_compiles(patches: _Patches) -> None:
+    patches.patch(torch, "compile", _wrap_compile)
+
+
 _STEPS = _Patches("steps", _install_steps)
 _SOFTMAXES = _Patches("softmaxes", _install_softmaxes)
+_APPLIES = _Patches("applies", _install_applies)  # listeners: (_GUARD or _OBSERVER, one)
+_COMPILES = _Patches("compiles", _install_compiles)
+_GUARD, _OBSERVER = "guard", "observer"
 
 
 def _each(method: str, *args: Any) -> None:
@@ -343,3 +415,54 @@ def _wrap_log(original: Callable[..., Any]) -> Callable[..., Any]:
         return _outermost(original, args, kwargs)[0]
 
     return log
+
+
+# -- custom autograd Functions' apply, and torch.compile ----------------------------------
+def _wrap_apply(original: Any) -> classmethod:
+    """NB: `original` is `Function.apply` as `getattr` gives it, bound to `Function`; the
+    function under it takes the class the call is made on, and so does the wrapper."""
+    run = original.__func__
+    return classmethod(functools.wraps(run)(functools.partial(_applied, run)))
+
+
+def _applied(run: Callable[..., Any], cls: type, *args: Any, **kwargs: Any) -> Any:
+    """`cls.apply(*args, **kwargs)`: `run` through the guards, then the observers told."""
+    listeners = list(_APPLIES.listeners)
+    call = run
+    for kind, guard in listeners:
+        if kind == _GUARD:
+            call = functools.partial(guard.guard_apply, call)
+    out = call(cls, *args, **kwargs)
+    for kind, observer in listeners:
+        if kind == _OBSERVER:
+            observer.applied(cls, out)
+    return out
+
+
+def passes_through(frame: FrameType) -> bool:
+    """`frame` is a wrapper's that only hands a call on to torch's own: the apply wrapper,
+    or a softmax, log or attention wrapper of the forecast's. A walk up the stack to the
+    user's line that made the call passes over it, as it passes over the listeners' own
+    frames (an op that torch's softmax issues under a mode is the user's softmax)."""
+    return frame.f_code in _PASSING_THROUGH
+
+
+def _wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            for listener in list(_COMPILES.listeners):
+                stack.enter_context(listener.compiling())
+            return original(*args, **kwargs)
+
+    return compile
+
+
+def _inner_codes(*makers: Callable[..., Any]) -> frozenset[CodeType]:
+    """The code of the functions each maker defines (one per wrapped callable, one code)."""
+    return frozenset(c for m in makers for c in m.__code__.co_consts if isinstance(c, CodeType))
+
+
+_PASSING_THROUGH = frozenset({_applied.__code__, _outermost.__code__}) | _inner_codes(
+    _wrap_softmax, _wrap_attention, _wrap_log
+)

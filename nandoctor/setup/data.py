@@ -36,8 +36,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from nandoctor.errors import ConfigError, kind_of, user_code
+from nandoctor.errors import ConfigError, kind_of
 from nandoctor.setup.rng import RngState
+from nandoctor.setup.user_code import user_code
 
 Indices = tuple[int, ...] | None  # a batch's dataset indices; None: not known
 KEPT_INDICES = 256  # steps whose batches' indices are kept (the replays look back less far)

@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from nandoctor.errors import ConfigError, kind_of, user_code
+from nandoctor.errors import ConfigError, kind_of
 from nandoctor.setup import checkpoint as ckpt
 from nandoctor.setup import cuda_autocast, distributed, fsdp
 from nandoctor.setup.args import conversion_notes, numeric_args
@@ -35,6 +35,7 @@ from nandoctor.setup.entrypoints import add_python_path, resolve
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.scaler import build_scaler
 from nandoctor.setup.schema import Config, FactorySpec
+from nandoctor.setup.user_code import user_code
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Callable
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol, cast
 
 from nandoctor.watch.protocol import Settings, raised_marker
 
@@ -66,9 +67,9 @@ class _AfterImport(MetaPathFinder):
             return None
         sys.meta_path.remove(self)  # one shot; the other finders find the real module
         spec = _find(fullname, path, target)
-        loader = spec.loader if spec is not None else None
-        if loader is None or not hasattr(loader, "exec_module"):
+        if spec is None or not hasattr(spec.loader, "exec_module"):
             return spec
+        loader = cast(_OneCall, spec.loader)
         run_module = loader.exec_module
 
         def exec_module(module: Any) -> None:
@@ -76,8 +77,15 @@ class _AfterImport(MetaPathFinder):
             del loader.exec_module  # NB: the loader is the real one again
             self.callback()
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module
         return spec
+
+
+class _OneCall(Protocol):
+    """A loader as `_AfterImport` uses it: its `exec_module` replaced on the instance for
+    one call (an attribute of the instance, over the class's method, then deleted)."""
+
+    exec_module: Callable[[ModuleType], None]
 
 
 def _find(fullname: str, path: Any, target: Any) -> ModuleSpec | None:
