@@ -84,13 +84,12 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.runtime import amp, calls, global_hooks
-from nandoctor.runtime import wrappers as patches
+from nandoctor.runtime import amp, calls, global_hooks, wrappers
 from nandoctor.runtime.hooked import HookedRun
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import call_inputs
 
-StepCallback = Callable[[StepContext], None]
+ContextCallback = Callable[[StepContext], None]
 
 LIGHT_AFTER = 2  # steps with the model as their only root forward, before the light hooks
 # Said once, when a step clips gradients that still carry the loss scale (the report's
@@ -114,8 +113,8 @@ class StepHooks:
         model: nn.Module | None = None,
         explicit: bool = False,
         start_step: int = 0,
-        on_step_start: StepCallback | None = None,
-        on_step_end: StepCallback | None = None,
+        on_step_start: ContextCallback | None = None,
+        on_step_end: ContextCallback | None = None,
         on_model: Callable[[], None] | None = None,
         warn: bool = True,
     ) -> None:
@@ -181,11 +180,11 @@ class StepHooks:
         model = self._followed or self.run.model
         if model is not None:
             self._follow(model)
-        patches.register(self)
+        wrappers.register(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        patches.unregister(self)
+        wrappers.unregister(self)
         calls.unfollow(self)
         global_hooks.remove(self._module_handles)
         global_hooks.remove(self._handles)
@@ -372,7 +371,7 @@ class StepHooks:
             self._is_model_cache[module] = known
         return known
 
-    # -- backward (patches.Listener) --------------------------------------------------------
+    # -- backward (wrappers.StepListener) --------------------------------------------------------
     def backward_started(self, tensors: Any) -> None:
         self._backward += 1
         ctx = self._current() if self._backward == 1 else None
