@@ -1,7 +1,7 @@
 """What `StepHooks` remembers between PyTorch's calls, one part per concern, and every
 way each part changes (the module hooks' own mode is `runtime.module_hooks`).
 
-    Calls          the calls under way: module depth, the model's call (its depth, whether
+    CallsUnderWay  the calls under way: module depth, the model's call (its depth, whether
                    its keyword inputs are checked when it returns, whether its modules look
                    for an autocast), backward and optimizer nesting. Each call in, each
                    call out; all back to none when the user's step raised.
@@ -50,7 +50,7 @@ from torch import nn
 
 
 @dataclass
-class Calls:
+class CallsUnderWay:
     depth: int = 0  # module calls under way
     root_at: int | None = None  # the module depth of the model's call under way, if one is
     # NB: the model's first call under way, without autocast: its modules look for one
@@ -62,6 +62,11 @@ class Calls:
 
     def root_ended(self) -> None:
         self.root_at, self.late, self.sniff = None, False, False
+
+    def reset(self) -> None:
+        """The user's step raised: no call is under way any more."""
+        self.depth = self.backward = self.optim = 0
+        self.root_ended()
 
 
 class Grads(Enum):
@@ -150,4 +155,4 @@ class ScaledLoss:
         return self.out() is tensor
 
 
-__all__ = ["Calls", "GradMark", "Grads", "ScaledLoss", "StepEnd", "StepSoFar"]
+__all__ = ["CallsUnderWay", "GradMark", "Grads", "ScaledLoss", "StepEnd", "StepSoFar"]

@@ -82,7 +82,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from nandoctor.runtime import amp, calls, global_hooks, wrappers
 from nandoctor.runtime.hook_state import (
-    Calls,
+    CallsUnderWay,
     GradMark,
     Grads,
     ScaledLoss,
@@ -138,7 +138,7 @@ class StepHooks:
         self._warn = warn
         self._optimizer_handles: list[global_hooks.Handle] = []
         self.modules = ModuleHooks(self._pre, self._post)
-        self.calls = Calls()
+        self.under_way = CallsUnderWay()
         self.progress = StepSoFar()
         self.ending = StepEnd()
         self._scaled: ScaledLoss | None = None  # `scaler.scale(loss)`, until its backward
@@ -203,7 +203,7 @@ class StepHooks:
     def abandon(self) -> None:
         """The user's step raised: forget the half-done step and every call under way."""
         self.ctx, self._scaled = None, None
-        self.calls = Calls()
+        self.under_way.reset()
         self.modules.step_abandoned()
 
     # -- module forwards ------------------------------------------------------------------
@@ -239,7 +239,7 @@ class StepHooks:
 
     def _entered(self, module: nn.Module, args: Any, kwargs: dict[str, Any] | None) -> None:
         """Before a module call; `kwargs` None: a global hook's, which sees no keywords."""
-        under_way = self.calls
+        under_way = self.under_way
         depth, under_way.depth = under_way.depth, under_way.depth + 1
         # NB: the model's first call, not the outermost module's: a wrapper the caller did
         # not name (`nn.DataParallel(model)`, a module holding it) only passes it the batch
@@ -298,7 +298,7 @@ class StepHooks:
         self.probe.phase_started(ctx, Phase.FORWARD)
 
     def _exited(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        ctx, under_way = self.ctx, self.calls
+        ctx, under_way = self.ctx, self.under_way
         depth = under_way.depth = max(0, under_way.depth - 1)  # the depth this call ran at
         if under_way.root_at is None or depth != under_way.root_at or ctx is None:
             return
@@ -331,8 +331,8 @@ class StepHooks:
 
     # -- backward, the GradScaler, clipping (wrappers.StepListener) -------------------------
     def backward_started(self, tensors: Any) -> None:
-        self.calls.backward += 1
-        ctx = self._current() if self.calls.backward == 1 else None
+        self.under_way.backward += 1
+        ctx = self._current() if self.under_way.backward == 1 else None
         if ctx is None:
             return
         self.progress.worked = True
@@ -346,9 +346,9 @@ class StepHooks:
         self.probe.phase_started(ctx, Phase.BACKWARD)
 
     def backward_ended(self, ok: bool) -> None:
-        self.calls.backward = max(0, self.calls.backward - 1)
+        self.under_way.backward = max(0, self.under_way.backward - 1)
         ctx = self.ctx
-        if not self.calls.backward and ok and ctx is not None and ctx.phase is Phase.BACKWARD:
+        if not self.under_way.backward and ok and ctx is not None and ctx.phase is Phase.BACKWARD:
             self.probe.phase_ended(ctx, Phase.BACKWARD)  # the phase stays open for unscale_
             if self._stepless():
                 self.progress.grad_mark = GradMark.of(self.run.params)
@@ -391,7 +391,7 @@ class StepHooks:
         self.optimizer_exited(optimizer, True)
 
     def optimizer_entered(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
-        depth, self.calls.optim = self.calls.optim, self.calls.optim + 1
+        depth, self.under_way.optim = self.under_way.optim, self.under_way.optim + 1
         ctx = self._current() if depth == 0 else None
         if ctx is None:
             return
@@ -405,9 +405,9 @@ class StepHooks:
         self.probe.phase_started(ctx, Phase.OPTIMIZER)
 
     def optimizer_exited(self, optimizer: torch.optim.Optimizer, ok: bool) -> None:
-        self.calls.optim = max(0, self.calls.optim - 1)
+        self.under_way.optim = max(0, self.under_way.optim - 1)
         ctx = self.ctx
-        if self.calls.optim or ctx is None:
+        if self.under_way.optim or ctx is None:
             return
         if not ok:
             self.abandon()
@@ -456,7 +456,7 @@ class StepHooks:
         again after a backward whose gradients the loop has reset since (`zero_grad()`).
         Gradient accumulation keeps them."""
         mark = self.progress.grad_mark
-        if mark is None or self.ctx is None or self.calls.optim or not self._stepless():
+        if mark is None or self.ctx is None or self.under_way.optim or not self._stepless():
             return False
         return mark.reset()
 
