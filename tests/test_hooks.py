@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from nandoctor.runtime import hooks as hooks_module
+from nandoctor.runtime import module_hooks
 from nandoctor.runtime.hooked import HookedRun
-from nandoctor.runtime.hooks import LIGHT_AFTER, StepHooks
+from nandoctor.runtime.hooks import StepHooks
+from nandoctor.runtime.module_hooks import LIGHT_AFTER
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 
 
@@ -100,7 +101,7 @@ def test_after_regular_steps_the_model_alone_is_hooked_and_announces_the_same_ph
     light, hooked, model = loop(6)
     # counted as each step ends: the LIGHT_AFTER-th regular step ends in light mode
     assert hooked == [before + 1] * (LIGHT_AFTER - 1) + [before] * (7 - LIGHT_AFTER)
-    monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    monkeypatch.setattr(module_hooks, "LIGHT_AFTER", 10**9)
     full, hooked, _ = loop(6)
     assert hooked == [before + 1] * 6
     assert light.seen == full.seen
@@ -124,7 +125,7 @@ def test_explicit_steps_go_light_as_a_watched_loop_does(head, monkeypatch):
     probe, hooked, model = loop(5, explicit=True, head=head)
     light = [before] * (6 - LIGHT_AFTER) if not head else [before + 1] * (6 - LIGHT_AFTER)
     assert hooked == [before + 1] * (LIGHT_AFTER - 1) + light
-    monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    monkeypatch.setattr(module_hooks, "LIGHT_AFTER", 10**9)
     assert probe.seen == loop(5, explicit=True, head=head)[0].seen
     assert (4, "input", ("x", "y")) in probe.seen and (4, "done") in probe.seen
     assert not model._forward_pre_hooks and not model._forward_hooks
@@ -148,7 +149,7 @@ def test_a_framework_that_names_its_batch_keeps_the_global_hooks():
 @pytest.mark.parametrize("light", [True, False])
 def test_a_forward_that_raises_leaves_the_next_step_announced(light, monkeypatch):
     if not light:
-        monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+        monkeypatch.setattr(module_hooks, "LIGHT_AFTER", 10**9)
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -269,7 +270,7 @@ def test_on_gpt2_called_by_keyword_the_light_hooks_announce_what_the_global_ones
 ):
     light = Events()
     gpt2_loop(5, light)
-    monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+    monkeypatch.setattr(module_hooks, "LIGHT_AFTER", 10**9)
     full = Events()
     gpt2_loop(5, full)
     assert light.seen == full.seen
@@ -384,7 +385,7 @@ def test_a_followed_loop_leaves_its_objects_as_they_would_be_unwatched(light, mo
     import copy
 
     if not light:
-        monkeypatch.setattr(hooks_module, "LIGHT_AFTER", 10**9)
+        monkeypatch.setattr(module_hooks, "LIGHT_AFTER", 10**9)
     torch.manual_seed(0)
     model, twin = Net(), Net()
     twin.load_state_dict(model.state_dict())

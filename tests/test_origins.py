@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from nandoctor.localize.finding import Finding
+from nandoctor.localize.finding import Sighting
 from nandoctor.localize.origins import Lineage, OriginTable, descend, reaching, transients
 from nandoctor.runtime.probe import Phase
 
 
-def finding(op: str, module: str | None = "enc", phase: Phase = Phase.FORWARD) -> Finding:
-    return Finding(phase, module, op, "output", "-inf", "float32", [3], 1, "train.py:9")
+def finding(op: str, module: str | None = "enc", phase: Phase = Phase.FORWARD) -> Sighting:
+    return Sighting(phase, module, op, "output", "-inf", "float32", [3], 1, "train.py:9")
 
 
 def born(table: OriginTable, op: str, deliberate: bool = False, *parents: Lineage) -> Lineage:

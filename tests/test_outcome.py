@@ -16,7 +16,7 @@ from nandoctor.cli.outcome import (
 )
 from nandoctor.errors import ConfigError, PeerFailure, UsageError, UserCodeError
 from nandoctor.report.comparison import CompareEnvironment, CompareRun, Comparison
-from nandoctor.report.gate import Check, Gate
+from nandoctor.report.gate import Gate, GateCheck
 from nandoctor.report.types import Environment, Report
 
 ENV = Environment("cpu", "2.x", "float32", False, 1)
@@ -26,8 +26,8 @@ def report(status: str, gate: Gate | None = None) -> Report:
     return Report("diagnose", "c.yaml", ENV, status, 3, gate=gate)
 
 
-PASSED = Gate("b.json", [Check("headroom", True, "ok")])
-FAILED = Gate("b.json", [Check("headroom", False, "too close to 65504")])
+PASSED = Gate("b.json", [GateCheck("headroom", True, "ok")])
+FAILED = Gate("b.json", [GateCheck("headroom", False, "too close to 65504")])
 
 
 @pytest.mark.parametrize(

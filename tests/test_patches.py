@@ -24,7 +24,7 @@ from nandoctor.runtime.patches import (
     OriginGuardPatch,
     patch_for,
 )
-from nandoctor.runtime.safe_ops import Kind
+from nandoctor.runtime.safe_ops import SafeForm
 
 _TENSOR_SOFTMAX = torch.Tensor.softmax
 
@@ -333,18 +333,18 @@ def test_the_guard_and_the_tracer_share_function_apply_nested_either_way(user, o
 @pytest.mark.parametrize(
     ("name", "family", "kind"),
     [
-        ("aten.div.Tensor", "div", Kind.DENOMINATOR),
-        ("torch.Tensor.__rtruediv__", "div", Kind.SELF_AWAY),
-        ("torch.Tensor.div_", "div", Kind.DENOMINATOR),
-        ("aten.log.default", "log", Kind.FLOOR),
-        ("torch.sqrt", "sqrt", Kind.FLOOR),
-        ("torch.arccos", "acos", Kind.UNIT),
-        ("torch.Tensor.__pow__", "pow", Kind.POW),
-        ("torch.nn.functional.linear", "matmul", Kind.FLOAT32),
-        ("aten.addmm.default", "matmul", Kind.FLOAT32),
-        ("aten.exp.default", "exp", Kind.FLOAT32),
-        ("aten.nll_loss_forward.default", "nll_loss", Kind.MEAN_OVER_NONE),
-        ("torch.nn.functional.cross_entropy", "nll_loss", Kind.MEAN_OVER_NONE),
+        ("aten.div.Tensor", "div", SafeForm.DENOMINATOR),
+        ("torch.Tensor.__rtruediv__", "div", SafeForm.SELF_AWAY),
+        ("torch.Tensor.div_", "div", SafeForm.DENOMINATOR),
+        ("aten.log.default", "log", SafeForm.FLOOR),
+        ("torch.sqrt", "sqrt", SafeForm.FLOOR),
+        ("torch.arccos", "acos", SafeForm.UNIT),
+        ("torch.Tensor.__pow__", "pow", SafeForm.POW),
+        ("torch.nn.functional.linear", "matmul", SafeForm.FLOAT32),
+        ("aten.addmm.default", "matmul", SafeForm.FLOAT32),
+        ("aten.exp.default", "exp", SafeForm.FLOAT32),
+        ("aten.nll_loss_forward.default", "nll_loss", SafeForm.MEAN_OVER_NONE),
+        ("torch.nn.functional.cross_entropy", "nll_loss", SafeForm.MEAN_OVER_NONE),
     ],
 )
 def test_ops_are_known_by_their_family(name, family, kind):
@@ -366,7 +366,7 @@ def test_a_root_floors_its_base_and_a_negative_power_keeps_it_off_zero():
 
 def test_xlogys_second_input_is_floored_so_its_gradient_at_0_over_0_is_finite():
     p = torch.tensor([0.0, 0.5], requires_grad=True)
-    assert safe_ops.family("torch.xlogy") == ("xlogy", safe_ops.Kind.OTHER_FLOOR)
+    assert safe_ops.family("torch.xlogy") == ("xlogy", safe_ops.SafeForm.OTHER_FLOOR)
     safe_ops.safe_call(torch.xlogy, "torch.xlogy", (p, p), {}).sum().backward()
     assert torch.isfinite(p.grad).all()  # torch.xlogy(p, p) itself: NaN at 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from nandoctor.render.junit import render_comparison_junit, render_junit
-from nandoctor.report.gate import Check, Gate
+from nandoctor.report.gate import Gate, GateCheck
 from nandoctor.report.types import Cause
 from tests.test_render_compare import comparison_of
 from tests.test_render_terminal import failing_report
@@ -35,7 +35,8 @@ def test_gate_checks_are_cases(tmp_path):
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite = "healthy", None
     report.gate = Gate(
-        "b.json", [Check("headroom", True, "peak at 10%"), Check("final loss", False, "worse")]
+        "b.json",
+        [GateCheck("headroom", True, "peak at 10%"), GateCheck("final loss", False, "worse")],
     )
     suite, by_name = cases(render_junit(report))
     assert set(by_name) == {"finite run", "headroom", "final loss"}

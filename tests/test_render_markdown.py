@@ -58,11 +58,11 @@ def test_with_fail_on_divergence_a_diverged_run_is_titled_failed(tmp_path):
 
 
 def test_markdown_lists_the_health_checks(tmp_path):
-    from nandoctor.report.gate import Check, Gate
+    from nandoctor.report.gate import Gate, GateCheck
 
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite = "healthy", None
-    report.gate = Gate("b.json", [Check("final loss", False, "worse by 20%")])
+    report.gate = Gate("b.json", [GateCheck("final loss", False, "worse by 20%")])
     text = render_markdown(report)
     assert text.startswith("## ❌ nandoctor diagnose: a numeric-health check failed")
     assert (

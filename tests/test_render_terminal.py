@@ -157,7 +157,7 @@ def test_quiet_output_is_a_few_plain_lines(tmp_path):
 
 
 def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
-    from nandoctor.report.gate import Check, Gate
+    from nandoctor.report.gate import Gate, GateCheck
 
     report = failing_report(tmp_path)
     report.status, report.first_nonfinite, report.summary = (
@@ -168,8 +168,8 @@ def test_a_failed_health_check_is_shown_with_every_check(tmp_path):
     report.gate = Gate(
         "b.json",
         [
-            Check("headroom", True, "peak at 10%"),
-            Check("activation growth", False, "fc2 grew 2.0x"),
+            GateCheck("headroom", True, "peak at 10%"),
+            GateCheck("activation growth", False, "fc2 grew 2.0x"),
         ],
     )
     text = render(report)

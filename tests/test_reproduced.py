@@ -21,14 +21,14 @@ import nandoctor.cli.watch  # registers the command until cli/__init__ imports i
 from nandoctor.cli import app
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.reproduction import mean_losses, reproduction
-from nandoctor.localize.tracer import Finding
+from nandoctor.localize.tracer import Sighting
 from nandoctor.render.markdown import render_markdown
 from nandoctor.runtime.probe import Phase
 from tests.scripts import flaky_step
 from tests.scripts.expected import SCRIPTS
 
 SCRIPT = str(SCRIPTS / "flaky_step.py")
-FOUND = Finding(Phase.LOSS, None, "aten.log.default", "output", "nan", "float32", [], 1, None)
+FOUND = Sighting(Phase.LOSS, None, "aten.log.default", "output", "nan", "float32", [], 1, None)
 
 
 # -- what "exact" compares ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
 from nandoctor.localize import samples as search
-from nandoctor.localize.finding import Finding
+from nandoctor.localize.finding import Sighting
 from nandoctor.render.markdown import render_markdown
 from nandoctor.render.origin import samples_text
 from nandoctor.render.terminal import render_report
@@ -212,8 +212,8 @@ def test_one_empty_document_in_a_bert_batch_is_named(tmp_path):
 
 
 # -- the search itself, on a stand-in for the reruns ----------------------------------
-def finding(shape, rows=()) -> Finding:
-    return Finding(Phase.FORWARD, "", "aten.div.Tensor", "output", "nan", "float32",
+def finding(shape, rows=()) -> Sighting:
+    return Sighting(Phase.FORWARD, "", "aten.div.Tensor", "output", "nan", "float32",
                    list(shape), sum(n for _, n in rows), None, rows=tuple(rows))  # fmt: skip
 
 

@@ -10,14 +10,14 @@ decided here too (`status_of`), so a status rule is written once.
 from __future__ import annotations
 
 import dataclasses
-import signal
 from dataclasses import dataclass, field
 
 from nandoctor.diagnose.summary import dead_gradients_note, replay_notes, summarize
+from nandoctor.errors import ExitCode
 from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.reproduction import Reproduction, reproduction
-from nandoctor.localize.tracer import Finding
+from nandoctor.localize.tracer import Sighting
 from nandoctor.report.divergence import divergence_events, merge_events
 from nandoctor.report.evidence import Evidence
 from nandoctor.report.gate import Gate
@@ -28,7 +28,6 @@ from nandoctor.runtime.verdict import Verdict
 from nandoctor.version import __version__
 
 MODULES_IN_EVIDENCE = 10  # the modules with the largest activations, in the report
-INTERRUPTED_CODE = 128 + signal.SIGINT  # 130: how a command stopped by Ctrl-C exits
 
 
 @dataclass
@@ -101,7 +100,7 @@ def status_of(result: RunResult, interrupted: bool = False, command_code: int | 
     if command_code is not None:
         if result.failure is not None:
             return "nonfinite"
-        if command_code == INTERRUPTED_CODE:
+        if command_code == ExitCode.INTERRUPTED:
             return "interrupted"
         return "healthy" if command_code == 0 else "error"
     return "healthy" if result.status is RunStatus.TIMEOUT else result.status.value
@@ -165,7 +164,7 @@ def rank_reports(
     return out
 
 
-def _first_of(step: int, found: Finding, reproduced: str | None = None) -> FirstNonfinite:
+def _first_of(step: int, found: Sighting, reproduced: str | None = None) -> FirstNonfinite:
     return FirstNonfinite(
         step=step,
         phase=found.phase.value,

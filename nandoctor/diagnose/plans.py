@@ -191,7 +191,7 @@ class Unplayable:
 def _futile(site: OpSite, case: Case) -> bool:
     """A guard that would only run in float32 an op that overflowed float32's range
     already (or bfloat16's, the same): it would fail as the run did."""
-    float32 = safe_ops.family(site.family)[1] is safe_ops.Kind.FLOAT32
+    float32 = safe_ops.family(site.family)[1] is safe_ops.SafeForm.FLOAT32
     wide = case.first.dtype in ("float32", "bfloat16", "float64")
     return float32 and site.overflowed and wide and not site.scale
 

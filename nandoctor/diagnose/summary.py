@@ -12,7 +12,7 @@ from nandoctor.causes.words import plural, value_word, values
 from nandoctor.localize.finding import batch_finding
 from nandoctor.localize.replay import Localization
 from nandoctor.localize.reproduction import VALUES_DIFFER, Reproduction
-from nandoctor.localize.tracer import Finding
+from nandoctor.localize.tracer import Sighting
 from nandoctor.report.divergence import diverged_clause
 from nandoctor.report.telemetry import Event
 from nandoctor.runtime.probe import Phase
@@ -234,7 +234,7 @@ def replay_out_of_memory(located: Localization) -> str:
     )
 
 
-def _origin_sentence(found: Finding) -> str:
+def _origin_sentence(found: Sighting) -> str:
     parts = [str(found.op)]
     if found.evidence.backward_of:
         parts.append(f"in the backward of {found.evidence.backward_of}")

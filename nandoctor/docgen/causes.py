@@ -41,7 +41,7 @@ when the fix is a change to the math rather than the config, and the **lint** ch
 finds it in the source (see [lint.md](lint.md)). The table is read from the registries.
 """
 
-NONE = "—"
+EMPTY_CELL = "—"
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,9 @@ def render_table(rows: list[Coverage]) -> str:
     for r in rows:
         cells = [r.rule, r.whatif, r.patch, r.lint]
         lines.append(
-            f"| [`{r.id}`](#{r.id}) | {r.title} | " + " | ".join(c or NONE for c in cells) + " |"
+            f"| [`{r.id}`](#{r.id}) | {r.title} | "
+            + " | ".join(c or EMPTY_CELL for c in cells)
+            + " |"
         )
     return "\n".join([*lines, ""])
 

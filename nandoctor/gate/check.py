@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from nandoctor.gate.tolerances import DEFAULT_MAX_HEADROOM, Tolerances
-from nandoctor.report.gate import Check, Gate
+from nandoctor.report.gate import Gate, GateCheck
 from nandoctor.report.health import Health, ModuleHealth
 from nandoctor.report.limits import dtype_max
 
@@ -59,14 +59,14 @@ def gate_of(
     return gate if gate.checks else None
 
 
-def headroom_check(health: Health, limit: float) -> Check:
+def headroom_check(health: Health, limit: float) -> GateCheck:
     where = (
         f" in {health.headroom_module or '(root)'}" if health.headroom_module is not None else ""
     )
     message = (
         f"peak at {percent(health.headroom)} of float16's 65504{where} (limit {percent(limit)})"
     )
-    return Check("headroom", health.headroom <= limit, message)
+    return GateCheck("headroom", health.headroom <= limit, message)
 
 
 def percent(fraction: float) -> str:
@@ -103,7 +103,7 @@ def compare_to_baseline(
 
 def _headroom_loss(
     current: Health, baseline: Health, tol: Tolerances, dtype: str, kinds: tuple[str, ...]
-) -> Check:
+) -> GateCheck:
     """With a GradScaler the scaled gradients are the scaler's to keep in range (it halves
     its scale at an overflow, and skip streaks are checked): activations only, then."""
     top = dtype_max(dtype)
@@ -121,7 +121,7 @@ def _headroom_loss(
                 lost.append((now.order, kind, ratio, now, a, b))
     name = "headroom loss"
     if not lost:
-        return Check(
+        return GateCheck(
             name,
             True,
             f"no module's peak above {tol.headroom_floor:.1%} of {dtype}'s {top:.5g} grew past "
@@ -140,7 +140,7 @@ def _headroom_loss(
         f"{dtype}'s {top:.5g} and {was} (limit {tol.max_headroom_loss:g}x above "
         f"{tol.headroom_floor:.1%} of the range){others}"
     )
-    return Check(name, False, message)
+    return GateCheck(name, False, message)
 
 
 def _uncompared(current: Health, baseline: Health) -> str:
@@ -158,7 +158,9 @@ def _peak(module: ModuleHealth, kind: str) -> float | None:
     return getattr(module, f"{kind}_absmax")
 
 
-def _modules(current: Health, baseline: Health, tol: Tolerances, kind: str, limit: float) -> Check:
+def _modules(
+    current: Health, baseline: Health, tol: Tolerances, kind: str, limit: float
+) -> GateCheck:
     grown = []
     for now in current.modules:
         then = baseline.counterpart(now)
@@ -170,35 +172,37 @@ def _modules(current: Health, baseline: Health, tol: Tolerances, kind: str, limi
             grown.append((ratio, now, a, b))
     name = f"{kind} growth"
     if not grown:
-        return Check(name, True, f"every module's {kind} peak within {limit:g}x of the baseline")
+        return GateCheck(
+            name, True, f"every module's {kind} peak within {limit:g}x of the baseline"
+        )
     # NB: a module that grows makes the ones after it grow too: name where it starts, the
     # first in forward order for activations, the last for gradients (they flow backwards)
     pick = min if kind == "activation" else max
     ratio, m, a, b = pick(grown, key=lambda g: g[1].order)
     others = f" (and {len(grown) - 1} more)" if len(grown) > 1 else ""
     message = f"{m.module or '(root)'} ({m.type}) {kind}s peaked at {a:.4g}, {ratio:.1f}x the baseline's {b:.4g} (limit {limit:g}x){others}"  # noqa: E501
-    return Check(name, False, message)
+    return GateCheck(name, False, message)
 
 
-def _grad_norm(current: Health, baseline: Health, limit: float) -> Check:
+def _grad_norm(current: Health, baseline: Health, limit: float) -> GateCheck:
     a, b = current.grad_norm.p90, baseline.grad_norm.p90
     if a is None or b is None or b <= 0:
-        return Check("gradient norm", True, "no gradient norm to compare")
+        return GateCheck("gradient norm", True, "no gradient norm to compare")
     ratio = a / b
     message = f"p90 gradient norm {a:.4g}, {ratio:.2f}x the baseline's {b:.4g} (limit {limit:g}x)"
-    return Check("gradient norm", ratio <= limit, message)
+    return GateCheck("gradient norm", ratio <= limit, message)
 
 
-def _skips(current: Health, baseline: Health, tol: Tolerances) -> Check:
+def _skips(current: Health, baseline: Health, tol: Tolerances) -> GateCheck:
     allowed = baseline.longest_skip_streak + tol.skip_streak_margin
     message = f"longest streak of GradScaler skips {current.longest_skip_streak} (baseline {baseline.longest_skip_streak}, limit {allowed})"  # noqa: E501
-    return Check("scaler skips", current.longest_skip_streak <= allowed, message)
+    return GateCheck("scaler skips", current.longest_skip_streak <= allowed, message)
 
 
-def _loss(current: Health, baseline: Health, increase: float) -> Check:
+def _loss(current: Health, baseline: Health, increase: float) -> GateCheck:
     a, b = current.final_loss, baseline.final_loss
     if a is None or b is None:
-        return Check("final loss", a is not None or b is None, "no finite loss to compare")
+        return GateCheck("final loss", a is not None or b is None, "no finite loss to compare")
     limit = b + abs(b) * increase
     message = f"final loss {a:.4g} (baseline {b:.4g}, limit {limit:.4g})"
-    return Check("final loss", a <= limit, message)
+    return GateCheck("final loss", a <= limit, message)

@@ -27,7 +27,7 @@ from nandoctor.errors import ConfigError, UsageError
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.registry import all_checks
 
-TABLE = "[tool.nandoctor.lint]"
+CONFIG_TABLE = "[tool.nandoctor.lint]"
 KEYS = ("select", "ignore", "fail-on", "severity", "exclude")
 
 
@@ -87,7 +87,7 @@ def find_pyproject(start: Path) -> tuple[Path, dict[str, Any]] | None:
 
 
 def from_table(path: Path, table: Any) -> LintConfig:
-    where = f"{path} {TABLE}"
+    where = f"{path} {CONFIG_TABLE}"
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: expected a table")
     for key in table:
@@ -157,7 +157,7 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
             import tomli as tomllib
         except ImportError:
             raise ConfigError(
-                f"{path}: reading {TABLE} needs Python 3.11+ or the tomli package",
+                f"{path}: reading {CONFIG_TABLE} needs Python 3.11+ or the tomli package",
                 hint="pip install tomli",
             ) from None
     try:

@@ -34,7 +34,7 @@ from nandoctor.lint.notebook import (
 from nandoctor.lint.registry import all_checks
 from nandoctor.lint.source import Source
 from nandoctor.lint.suppress import parse_suppressions
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def _run_checks(src: Source, config: LintConfig) -> FileOutcome:
     return FileOutcome(tuple(ordered), suppressed, tuple(skipped))
 
 
-def _finding(src: Source, check: Check, hit: Hit, config: LintConfig) -> Finding:
+def _finding(src: Source, check: Check, hit: Spot, config: LintConfig) -> Finding:
     span = src.span(hit.node)
     return Finding(
         id=check.id,

@@ -6,7 +6,7 @@ scopes and are skipped here (their defaults and decorators belong to this one).
 
 The pass asks the data flow it fills (`lint.flow.Flow`) for the tags of each right-hand
 side, and records in it what each name holds where it is read; it knows the flow only as
-a `Recorder`, so this module imports neither the flow nor the `Source`.
+a `DataFlow`, so this module imports neither the flow nor the `Source`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from nandoctor.lint.tags import NONE, Kind, Tag, Tags, keep
 INPLACE_CLAMPS = frozenset({"clamp_", "clamp_min_", "clip_"})
 
 
-class Recorder(Protocol):
+class DataFlow(Protocol):
     """What the pass needs of the data flow: the tags of an expression, its numeric value,
     and a place for what each name read (or `self.x` assigned) holds."""
 
@@ -40,7 +40,7 @@ class ScopePass:
 
     def __init__(
         self,
-        flow: Recorder,
+        flow: DataFlow,
         scope: Scope,
         local: frozenset[str],
         env: dict[str, Tags],

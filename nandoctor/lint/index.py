@@ -16,7 +16,7 @@ from typing import TypeAlias
 SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 # A node with a place in the file, where a finding can point (`ast.AST` itself has none: an
-# `ast.arguments`, an operator); a check's `Hit` and the data flow's `Tag` hold one.
+# `ast.arguments`, an operator); a check's `Spot` and the data flow's `Tag` hold one.
 Located: TypeAlias = ast.expr | ast.stmt
 # What a name is evaluated in (one of SCOPES).
 Scope: TypeAlias = ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef

@@ -25,7 +25,7 @@ SOFTMAX = frozenset(
 )
 SOFTMAX_MODULES = frozenset({"torch.nn.Softmax", "torch.nn.modules.activation.Softmax"})
 SIGMOID_MODULES = frozenset({"torch.nn.Sigmoid", "torch.nn.modules.activation.Sigmoid"})
-LOG = frozenset({"torch.log", "torch.log2", "torch.log10", "torch.Tensor.log"})
+LOG_FUNCTIONS = frozenset({"torch.log", "torch.log2", "torch.log10", "torch.Tensor.log"})
 LOG_METHODS = frozenset({"log", "log_", "log2", "log10"})
 CLIP = frozenset(
     f"torch.nn.utils.{module}{name}"
@@ -122,7 +122,7 @@ def softmax_input(src: Source, call: ast.Call) -> ast.expr | None:
 
 def log_input(src: Source, call: ast.Call) -> ast.expr | None:
     """The argument of `torch.log(x)` / `x.log()` (and log2, log10), else None."""
-    if qualname(src, call) in LOG:
+    if qualname(src, call) in LOG_FUNCTIONS:
         return first_arg(call)
     if call.args or call.keywords:
         return None  # NB: Tensor.log takes no arguments; logger.log(...) does

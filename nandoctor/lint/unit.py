@@ -1,7 +1,7 @@
 """What one check module declares: its function and its examples, as one `Check`.
 
 A module per cause id keeps everything about a check in one file (ruff keeps one rule per
-file for the same reason): the function `Source -> Iterable[Hit]`, its default severity, a
+file for the same reason): the function `Source -> Iterable[Spot]`, its default severity, a
 one-line summary and INVALID/VALID snippets (Fixit's idea): the tests run every snippet,
 and docs/lint.md shows them. Title, explanation and fix come from the cause catalog, so
 they are written once for diagnose, lint and docs. The module ends in `CHECK = Check(...)`,
@@ -21,7 +21,7 @@ from nandoctor.lint.source import Source
 
 
 @dataclass(frozen=True)
-class Hit:
+class Spot:
     """One place a check objects to; `severity` None means the check's default."""
 
     node: Located
@@ -29,7 +29,7 @@ class Hit:
     severity: Severity | None = None
 
 
-CheckFunction = Callable[[Source], Iterable[Hit]]
+CheckFunction = Callable[[Source], Iterable[Spot]]
 
 
 @dataclass(frozen=True, kw_only=True)

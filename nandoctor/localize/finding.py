@@ -16,7 +16,7 @@ from nandoctor.runtime.verdict import Verdict
 
 
 @dataclass(frozen=True)
-class Finding:
+class Sighting:
     """The origin of the non-finite value that reached the failure."""
 
     phase: Phase
@@ -48,10 +48,10 @@ def finding_of(
     source: str | None,
     created: bool = True,
     frames: list[Frame] | None = None,
-) -> Finding:
+) -> Sighting:
     """A finding about `tensor`, its statistics read once (the output's evidence)."""
     stats = tensor_stats(role, tensor)
-    return Finding(
+    return Sighting(
         phase=phase,
         module=module,
         op=op,
@@ -67,7 +67,7 @@ def finding_of(
     )
 
 
-def batch_finding(verdict: Verdict) -> Finding | None:
+def batch_finding(verdict: Verdict) -> Sighting | None:
     """For a failure in the INPUT phase that no replay localised (the `with` form of Guard,
     a replay past its budget or out of memory): the first batch tensor the sentinel kept
     that holds NaN or inf (an additive mask's -inf aside), named as the replay names it
@@ -78,7 +78,7 @@ def batch_finding(verdict: Verdict) -> Finding | None:
     if not verdict.batches and verdict.batch_named is not None:
         named = dict(verdict.batch_named)
         rows = tuple(s if isinstance(s, Sample) else Sample(**s) for s in named.pop("samples", ()))
-        return Finding(Phase.INPUT, None, None, source=None, samples=rows, **named)
+        return Sighting(Phase.INPUT, None, None, source=None, samples=rows, **named)
     for index, batch in enumerate(verdict.batches):
         for path, t in named_tensors(batch):
             if t.is_floating_point() and bool(nonfinite_data([t], t.device)):
@@ -96,7 +96,7 @@ def held_rows(t: torch.Tensor, batch: Any) -> tuple[Sample, ...]:
     return tuple(Sample(row, nonfinite=n) for row, n in row_counts(t))
 
 
-def named_fields(found: Finding) -> dict[str, Any]:
+def named_fields(found: Sighting) -> dict[str, Any]:
     """A batch finding as the plain data `Verdict.batch_named` carries across processes."""
     keys = ("tensor", "value", "dtype", "shape", "count", "micro_batch", "samples")
     return {k: getattr(found, k) for k in keys}

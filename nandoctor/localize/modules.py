@@ -21,7 +21,7 @@ from nandoctor.report.evidence import ModuleStat
 from nandoctor.runtime.sharded import class_name
 from nandoctor.runtime.tensors import floating
 
-Key = tuple[int, str]  # a module: its root's index (0: the model) and its path inside it
+ModuleKey = tuple[int, str]  # a module: its root's index (0: the model) and its path inside it
 
 
 class ModuleTracker:
@@ -36,13 +36,13 @@ class ModuleTracker:
         self.roots = [model, *others]
         self.enabled = enabled
         self._quiet = quiet  # the tracer must not trace our own measurements
-        self.stack: list[Key] = []
+        self.stack: list[ModuleKey] = []
         self._handles: list[Any] = []
         self._hooked: set[int] = set()  # the modules hooked (ids)
-        self._acts: dict[Key, torch.Tensor] = {}  # [finite absmax, nonfinite count]
-        self._grads: dict[Key, torch.Tensor] = {}
-        self._types: dict[Key, str] = {}
-        self._dtypes: dict[Key, str] = {}
+        self._acts: dict[ModuleKey, torch.Tensor] = {}  # [finite absmax, nonfinite count]
+        self._grads: dict[ModuleKey, torch.Tensor] = {}
+        self._types: dict[ModuleKey, str] = {}
+        self._dtypes: dict[ModuleKey, str] = {}
 
     @property
     def current(self) -> str | None:
@@ -83,13 +83,13 @@ class ModuleTracker:
         self._hooked.clear()
         self.stack.clear()
 
-    def _pre(self, name: Key) -> Callable[..., None]:
+    def _pre(self, name: ModuleKey) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any) -> None:
             self.stack.append(name)
 
         return hook
 
-    def _post(self, name: Key) -> Callable[..., None]:
+    def _post(self, name: ModuleKey) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             if self.stack and self.stack[-1] == name:
                 self.stack.pop()
@@ -104,7 +104,7 @@ class ModuleTracker:
 
         return hook
 
-    def _grad(self, name: Key) -> Callable[[torch.Tensor], None]:
+    def _grad(self, name: ModuleKey) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             with self._quiet():
                 _accumulate(self._grads, name, grad)
@@ -119,7 +119,7 @@ class ModuleTracker:
         with self._quiet():
             return self._read(names)
 
-    def _read(self, names: list[Key]) -> list[ModuleStat]:
+    def _read(self, names: list[ModuleKey]) -> list[ModuleStat]:
         zero = torch.zeros(2, device=next(iter(self._acts.values())).device)
         acts = torch.stack([self._acts[n] for n in names]).tolist()
         grads = torch.stack([self._grads.get(n, zero).to(zero.device) for n in names]).tolist()
@@ -138,7 +138,7 @@ class ModuleTracker:
         return sorted(out, key=lambda m: -(m.activation_absmax or 0.0))
 
 
-def _accumulate(table: dict[Key, torch.Tensor], name: Key, t: torch.Tensor) -> None:
+def _accumulate(table: dict[ModuleKey, torch.Tensor], name: ModuleKey, t: torch.Tensor) -> None:
     x = t.detach()
     if x.numel() == 0:
         return

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.localize.finding import Finding
+from nandoctor.localize.finding import Sighting
 from nandoctor.report.types import Transient
 
 MAX_TRANSIENTS = 20  # distinct (phase, module, op, line, value) in the report
@@ -41,7 +41,7 @@ class Origin:
 
     seq: int  # birth order in the step: the earliest is "first"
     step: int
-    finding: Finding
+    finding: Sighting
     deliberate: bool  # filled from a scalar, or a tensor non-finite before the step
 
 
@@ -90,7 +90,7 @@ class OriginTable:
                 self._by_tensor[v] = found
 
     def birth(
-        self, finding: Finding, step: int, deliberate: bool, parents: list[Lineage]
+        self, finding: Sighting, step: int, deliberate: bool, parents: list[Lineage]
     ) -> Lineage:
         origin = Origin(len(self.born), step, finding, deliberate)
         self.born.append(origin)
@@ -156,7 +156,7 @@ def reaching(lineages: list[Lineage]) -> Lineage:
 
 
 def transients(
-    born: list[Origin], reached: frozenset[int], failure: Finding | None = None
+    born: list[Origin], reached: frozenset[int], failure: Sighting | None = None
 ) -> list[Transient]:
     """The origins whose values never reached the failure, once each (birth order).
     Not the forward op whose backward is the `failure`: `log(softmax(x))` meeting a 0
@@ -176,7 +176,7 @@ def transients(
     return out
 
 
-def _forward_of(found: Finding, failure: Finding | None) -> bool:
+def _forward_of(found: Sighting, failure: Sighting | None) -> bool:
     """`found` is the forward op at the line whose backward failed ("aten.log.default"
     at train.py:12 for "torch.log (LogBackward0)" there)."""
     if failure is None or not failure.evidence.backward_of or found.source != failure.source:

@@ -26,7 +26,7 @@ import torch
 from nandoctor.errors import UserCodeError, out_of_memory
 from nandoctor.localize.reproduction import StepLoss
 from nandoctor.localize.samples import find_samples, in_a_job
-from nandoctor.localize.tracer import Finding, Tracer
+from nandoctor.localize.tracer import Sighting, Tracer
 from nandoctor.localize.update import UpdateTracker
 from nandoctor.report.evidence import ModuleStat, UpdateRatio
 from nandoctor.report.types import Transient
@@ -51,7 +51,7 @@ LIGHTER_NOTE = (
 @dataclass
 class Localization:
     step: int
-    finding: Finding | None  # None: the replay saw nothing non-finite (not reproduced)
+    finding: Sighting | None  # None: the replay saw nothing non-finite (not reproduced)
     modules: list[ModuleStat] = field(default_factory=list)
     from_step: int | None = None
     seconds: float = 0.0
@@ -75,12 +75,12 @@ class Localization:
         return self.finding is not None
 
 
-Replay = Callable[[int, float | None], Localization]  # (step, loss scale) -> what it found
+Replayer = Callable[[int, float | None], Localization]  # (step, loss scale) -> what it found
 Recorded = Mapping[int, float]  # the run's loss at each step, to check the replay against
 
 
 def localize_failure(
-    failure: Verdict, start_step: int, replay: Replay
+    failure: Verdict, start_step: int, replay: Replayer
 ) -> tuple[Localization, Verdict]:
     """Replay the failure's step; return what it found and the failure, moved one step
     back when the replay met weights an update had broken at the step before.
@@ -335,7 +335,7 @@ def localization_of(
 
 __all__ = [
     "Localization",
-    "Replay",
+    "Replayer",
     "localization_of",
     "localize",
     "localize_failure",

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nandoctor.errors import NandoctorError
 from nandoctor.localize import ops
-from nandoctor.localize.finding import Finding
+from nandoctor.localize.finding import Sighting
 from nandoctor.localize.frames import user_source
 from nandoctor.localize.modules import ModuleTracker
 from nandoctor.localize.stats import batch_rows
@@ -52,9 +52,9 @@ def find_samples(
     steps: StepRunner,
     step: int,
     kept: Any,
-    finding: Finding,
+    finding: Sighting,
     before: StateSnapshot | None,
-) -> Finding:
+) -> Sighting:
     """The finding with the rows of `step`'s batch a forward op began in, from reruns from
     `before` (None: no state to rerun from, no search). NB: a batch tensor's rows the
     tracer names as it meets the batch (`held_rows`), whoever drives the step."""
@@ -70,7 +70,7 @@ def in_a_job() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def with_indices(finding: Finding | None, indices: tuple[Indices, ...] | None) -> Finding | None:
+def with_indices(finding: Sighting | None, indices: tuple[Indices, ...] | None) -> Sighting | None:
     """The finding, each sample with its dataset index where the stream knows it."""
     if finding is None or not finding.samples or indices is None:
         return finding
@@ -96,7 +96,7 @@ def op_samples(
     steps: StepRunner,
     step: int,
     kept: Any,
-    finding: Finding,
+    finding: Sighting,
     before: StateSnapshot,
 ) -> tuple[Sample, ...]:
     """The rows that make the origin op non-finite on their own, from reruns of `step`
@@ -116,7 +116,7 @@ def op_samples(
     return tuple(Sample(row, nonfinite=n) for row, n in sorted(found.items()))
 
 
-def _candidates(finding: Finding, size: int) -> dict[int, int]:
+def _candidates(finding: Sighting, size: int) -> dict[int, int]:
     """The batch rows the op's non-finite output values lie in, where its first dimension
     is the batch's or a multiple of it (rows flattened with a dimension after them)."""
     first = finding.shape[0] if finding.shape else 0
@@ -140,7 +140,7 @@ class _Search:
         steps: StepRunner,
         step: int,
         kept: Any,
-        finding: Finding,
+        finding: Sighting,
         before: StateSnapshot,
         size: int,
     ) -> None:
@@ -220,7 +220,7 @@ class _OpWatch(Probe):
     """Counts the non-finite values the finding's op makes in its module, at its line,
     in the finding's (micro-)batch of the forward or the loss."""
 
-    def __init__(self, objects: TrainingObjects, finding: Finding) -> None:
+    def __init__(self, objects: TrainingObjects, finding: Sighting) -> None:
         assert objects.model is not None
         self.finding = finding
         self.tracker = ModuleTracker(objects.model, enabled=False)

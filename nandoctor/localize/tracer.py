@@ -14,7 +14,7 @@ Where: the module comes from forward hooks (`ModuleTracker`); in backward, from 
 autograd node being run, which a `TorchFunctionMode` mapped at forward time to the module,
 the user's source line and the torch function that made it. A loop that trains other root
 modules (`watch` on a GAN: `others`) has their modules, weights and gradients followed
-too: a module path is then the one inside the root it is in (`Finding.root`).
+too: a module path is then the one inside the root it is in (`Sighting.root`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import nn
 from torch.overrides import resolve_name
 
 from nandoctor.localize import ops
-from nandoctor.localize.finding import Finding, finding_of, held_rows
+from nandoctor.localize.finding import Sighting, finding_of, held_rows
 from nandoctor.localize.frames import call_site, user_source
 from nandoctor.localize.modes import NodeInfo, NodeRecorder, OpChecker
 from nandoctor.localize.modules import ModuleTracker
@@ -43,7 +43,7 @@ from nandoctor.runtime.state import TrainingObjects
 from nandoctor.runtime.step_grads import StepGradients
 from nandoctor.runtime.tensors import additive_mask, local, named_tensors, nonfinite
 
-__all__ = ["Finding", "Tracer"]
+__all__ = ["Sighting", "Tracer"]
 
 MAX_EVIDENCE = 32  # origins of each kind (accidental, deliberate) with the full evidence
 
@@ -64,7 +64,7 @@ class Tracer(Probe):
         self.modules = ModuleTracker(self.model, quiet=self.quiet, enabled=not light, others=others)
         self._others = others
         self.origins = OriginTable()
-        self.origin: Finding | None = None  # set when the failure is reached
+        self.origin: Sighting | None = None  # set when the failure is reached
         self.transients: list[Transient] = []
         self.ctx: StepContext | None = None
         self._busy = False
@@ -77,7 +77,7 @@ class Tracer(Probe):
         self._stack = contextlib.ExitStack()
 
     @property
-    def finding(self) -> Finding | None:
+    def finding(self) -> Sighting | None:
         return self.origin
 
     @contextlib.contextmanager
@@ -295,7 +295,7 @@ class Tracer(Probe):
             for p in parents
         ]
 
-    def _born(self, func, args, kwargs, bad, before, where, created) -> Finding:
+    def _born(self, func, args, kwargs, bad, before, where, created) -> Sighting:
         phase, module, source, info = where
         index, tensor = bad[0]
         role, root = self._role(phase, tensor)
@@ -322,7 +322,7 @@ class Tracer(Probe):
         rows = row_counts(tensor) if full and phase in (Phase.FORWARD, Phase.LOSS) else ()
         return self._stamped(replace(found, evidence=evidence, root=root, rows=rows))
 
-    def _stamped(self, found: Finding) -> Finding:
+    def _stamped(self, found: Sighting) -> Sighting:
         """The finding, with the micro-batch under way (gradient accumulation)."""
         micro = self.ctx.micro_batch if self.ctx is not None else None
         return found if micro is None else replace(found, micro_batch=micro)

@@ -186,7 +186,7 @@ def loss(points: Points, site: Site) -> Claim | None:
     return _claim("learning-rate-too-high", site.limit, g, LOSS_BAR, why, points[-1][1])
 
 
-RULES: dict[str, Callable[[Points, Site], Claim | None]] = {
+SIGNAL_RULES: dict[str, Callable[[Points, Site], Claim | None]] = {
     LOSS: loss,
     ACTIVATION_PEAK: activation_peak,
     ATTENTION_LOGIT: attention_logit,
@@ -244,4 +244,4 @@ def _streak(recent: Sequence[tuple[int, float, bool]]) -> int:
     return n
 
 
-__all__ = ["RULES", "Bar", "Claim", "crossing", "loss_scale", "overflow_kind"]
+__all__ = ["SIGNAL_RULES", "Bar", "Claim", "crossing", "loss_scale", "overflow_kind"]

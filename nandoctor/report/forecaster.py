@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from nandoctor.report.forecast import Forecast, best_first
-from nandoctor.report.forecast_rules import RULES, SKIP_WINDOW, Claim, loss_scale
+from nandoctor.report.forecast_rules import SIGNAL_RULES, SKIP_WINDOW, Claim, loss_scale
 from nandoctor.report.limits import DTYPE_MAX, overflow_limit
 from nandoctor.report.signals import (
     GRAD_NORM,
@@ -115,7 +115,9 @@ class Forecaster:
         if sum(itertools.islice(reversed(self._high_z), LOOKBACK)) >= LOOKBACK // 2:
             pairs.append((self.loss_site, loss))
         asked = [self._keep(step, site, value) for site, value in pairs]
-        claims = [(s, RULES[s.metric](list(self._series[s]), s)) for s in asked if s is not None]
+        claims = [
+            (s, SIGNAL_RULES[s.metric](list(self._series[s]), s)) for s in asked if s is not None
+        ]
         scaler = self._scaler(step, scale, skipped)
         self._curve(step, pairs, z)
         found = [(s, c) for s, c in claims if c is not None]
@@ -133,7 +135,7 @@ class Forecaster:
             series = self._series[site] = deque(maxlen=WINDOW)
         high = max((v for _, v in series), default=math.inf)
         series.append((step, value))
-        if len(series) < LOOKBACK or value <= high or site.metric not in RULES:
+        if len(series) < LOOKBACK or value <= high or site.metric not in SIGNAL_RULES:
             return None
         if step - self._asked.get(site, -ASK_EVERY) < ASK_EVERY:
             return None

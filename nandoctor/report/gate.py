@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class Check:
+class GateCheck:
     name: str  # "headroom", "activation growth", ...
     passed: bool
     message: str
@@ -19,11 +19,11 @@ class Check:
 @dataclass
 class Gate:
     baseline: str  # the baseline file ("" when only the headroom limit was checked)
-    checks: list[Check] = field(default_factory=list)
+    checks: list[GateCheck] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
 
-__all__ = ["Check", "Gate"]
+__all__ = ["Gate", "GateCheck"]

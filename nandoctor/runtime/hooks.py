@@ -60,15 +60,11 @@ seen so too, and the global module hooks stand aside while one runs: torch.compi
 about any global module hook at each call of its module, and would trace them into its
 graph.
 
-Global module hooks make every module call of the process take PyTorch's slow path (a few
-microseconds each: measured, ~0.14 ms of a 6 ms convnet step). So once the model is known and
-`LIGHT_AFTER` steps in a row ran no root forward but the model's own, the global module
-hooks come off, and the model's calls alone announce the same phases. A step that ran
-another root module (`head(backbone(x))`, a GAN), or a framework's named batch, keeps the
-global hooks for good; a root module that first appears after the switch is not
-announced as a FORWARD of its own (its output shows in the loss all the same). In
-`explicit` mode too: `Guard.step` keeps one `StepHooks` across its steps, attached for
-each step alone.
+Global module hooks slow every module call down, so once the model's own calls are all
+a step runs they come off (the light mode: `runtime.module_hooks`), in `explicit` mode
+too: `Guard.step` keeps one `StepHooks` across its steps, attached for each step alone.
+What the hooks remember between calls is kept by concern, each part's transitions
+written down where it is defined (`runtime.hook_state`).
 
 Everything here is host-side bookkeeping; the probe decides what runs on the device.
 """
@@ -84,15 +80,22 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from nandoctor.runtime import amp, calls, global_hooks
-from nandoctor.runtime import wrappers as patches
+from nandoctor.runtime import amp, calls, global_hooks, wrappers
+from nandoctor.runtime.hook_state import (
+    CallsUnderWay,
+    GradMark,
+    Grads,
+    ScaledLoss,
+    StepEnd,
+    StepSoFar,
+)
 from nandoctor.runtime.hooked import HookedRun
+from nandoctor.runtime.module_hooks import ModuleHooks
 from nandoctor.runtime.probe import Phase, Probe, StepContext
 from nandoctor.runtime.tensors import call_inputs
 
-StepCallback = Callable[[StepContext], None]
+ContextCallback = Callable[[StepContext], None]
 
-LIGHT_AFTER = 2  # steps with the model as their only root forward, before the light hooks
 # Said once, when a step clips gradients that still carry the loss scale (the report's
 # clip-before-unscale says it again, with a failure)
 CLIP_BEFORE_UNSCALE = (
@@ -114,8 +117,8 @@ class StepHooks:
         model: nn.Module | None = None,
         explicit: bool = False,
         start_step: int = 0,
-        on_step_start: StepCallback | None = None,
-        on_step_end: StepCallback | None = None,
+        on_step_start: ContextCallback | None = None,
+        on_step_end: ContextCallback | None = None,
         on_model: Callable[[], None] | None = None,
         warn: bool = True,
     ) -> None:
@@ -132,85 +135,50 @@ class StepHooks:
         # NB: the given model's name, until a step trained without calling it (said once)
         self._given = type(model).__name__ if model is not None and warn else None
         self._is_model_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._handles: list[global_hooks.Handle] = []
-        # the global module hooks, until the light ones
-        self._module_handles: list[global_hooks.Handle] = []
-        self._light = False  # the model's calls alone are followed: no global module hook
-        self._followed: nn.Module | None = None  # the model, its calls seen at its class
-        self._compiled = 0  # compiled modules' calls under way: the global hooks stand aside
-        self._attached = False
-        self._never_light = False  # another root module met: the global hooks stay
-        self._regular = 0  # steps in a row whose only root forward was the model
-        self._step_regular: bool | None = None  # this step's, once it has a root forward
-        self._depth = 0  # module calls under way
-        self._root = False  # a call of the model is under way
-        self._root_at = 0  # the module depth of that call
-        # NB: the model's first call under way, without autocast: its modules look for one
-        # entered inside its forward (`HookedRun.note_inner_autocast`)
-        self._sniff = False
-        self._backward = 0  # backward calls under way
-        self._optim = 0  # optimizer steps under way (GradScaler.step wraps optimizer.step)
-        self._worked = False  # this step has run a forward or a backward
-        self._backwarded = False  # a backward ran since the step's last loss began
-        self._clocked = False  # the clock has stepped in this step
-        self._last: torch.optim.Optimizer | None = None  # the last optimizer that stepped
-        # NB: the optimizer whose step ends a step (None: the clock's)
-        self._closer: torch.optim.Optimizer | None = None
-        self._cycle = False  # the closer has been learned (once) or given up
-        self._late = False  # this forward's keyword inputs are checked when it returns
-        # NB: a loop that has stepped no optimizer (a manual update): the gradient of the
-        # last backward, to tell when the loop resets them (the next step begins)
-        self._grad_mark: tuple[torch.Tensor, weakref.ref[torch.Tensor], int] | None = None
-        self._named: Any = None  # the next step's batch, named by a framework's callback
-        self._scaled: tuple[weakref.ref, torch.Tensor, torch.Tensor | None] | None = None
-        self._unscaled = False  # the step's gradients were unscaled since its last backward
         self._warn = warn
+        self._optimizer_handles: list[global_hooks.Handle] = []
+        self.modules = ModuleHooks(self._pre, self._post)
+        self.under_way = CallsUnderWay()
+        self.progress = StepSoFar()
+        self.ending = StepEnd()
+        self._scaled: ScaledLoss | None = None  # `scaler.scale(loss)`, until its backward
+        self._named: Any = None  # the next step's batch, named by a framework's callback
 
     # -- attach / detach -------------------------------------------------------------
     def __enter__(self) -> StepHooks:
         """Attach; attached again after `__exit__`, it resumes where it left off (the
         light hooks included)."""
-        self._handles = [
+        self._optimizer_handles = [
             global_hooks.optimizer_step_pre(self._optimizer_pre),
             global_hooks.optimizer_step_post(self._optimizer_post),
         ]
-        self._attached = True
-        if not self._light:
-            self._hook_modules()
+        self.modules.attach()
         calls.follow_compiled(self)
-        model = self._followed or self.run.model
+        model = self.modules.followed or self.run.model
         if model is not None:
             self._follow(model)
-        patches.register(self)
+        wrappers.register(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        patches.unregister(self)
+        wrappers.unregister(self)
         calls.unfollow(self)
-        global_hooks.remove(self._module_handles)
-        global_hooks.remove(self._handles)
-        self._attached, self._compiled = False, 0
-
-    def _hook_modules(self) -> None:
-        self._module_handles = [
-            global_hooks.module_forward_pre(self._pre),
-            # NB: one post hook, not two: every module call pays each global hook
-            global_hooks.module_forward(self._post, with_kwargs=True, always_call=True),
-        ]
+        self.modules.detach()
+        global_hooks.remove(self._optimizer_handles)
 
     def _follow(self, model: nn.Module) -> None:
         """The model's calls, seen at its class from now on (`runtime.calls`): with their
         keyword inputs, and nothing put on the model (a compiled one is seen so already)."""
         if not calls.followed(model, self):
             calls.follow(model, self)
-        self._followed = model
+        self.modules.followed = model
 
     def name_batch(self, batch: Any) -> None:
         """The next step's whole batch, when a framework hands it over before the step
         (Lightning's `on_train_batch_start`): it is that step's INPUT, labels included,
         which the model's own inputs (`self.net(x)` inside `training_step`) may not be."""
         self._named = batch
-        self._never_light = True  # NB: the light hooks see the model's calls only
+        self.modules.keep()  # NB: the light hooks see the model's calls only
 
     # -- explicit steps (Guard.step) ------------------------------------------------------
     def begin(self, batch: Any) -> StepContext:
@@ -233,24 +201,23 @@ class StepHooks:
         return ctx.step if ctx is not None else None
 
     def abandon(self) -> None:
-        """The user's step raised: forget the half-done step and every counter."""
+        """The user's step raised: forget the half-done step and every call under way."""
         self.ctx, self._scaled = None, None
-        self._depth = self._backward = self._optim = 0
-        self._root = self._late = False
-        self._step_regular = None
+        self.under_way.reset()
+        self.modules.step_abandoned()
 
     # -- module forwards ------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: Any) -> None:
         """A global hook, before any module call the model's class does not announce."""
         if torch.compiler.is_compiling():  # NB: keeps the hooks out of compiled graphs
             return
-        if module is not self._followed:
+        if module is not self.modules.followed:
             self._entered(module, args, None)
 
     def _post(self, module: nn.Module, args: Any, *rest: Any) -> None:
         """After a module call: (kwargs, output), or (output,) when its forward raised
         (NB: torch calls an always-called hook without the keywords then)."""
-        if torch.compiler.is_compiling() or module is self._followed:
+        if torch.compiler.is_compiling() or module is self.modules.followed:
             return
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         self._exited(module, args, kwargs, output)
@@ -260,7 +227,7 @@ class StepHooks:
         hooks stand aside for a compiled one (torch.compile warns about any, and would
         trace them into its graph), which then counts as one module call."""
         if calls.compiled(module):
-            self._stand_aside()
+            self.modules.stand_aside()
         self._entered(module, args, kwargs)
 
     def call_ended(
@@ -268,30 +235,21 @@ class StepHooks:
     ) -> None:
         self._exited(module, args, kwargs, output)
         if calls.compiled(module):
-            self._step_back()
-
-    def _stand_aside(self) -> None:
-        self._compiled += 1
-        if self._compiled == 1:
-            global_hooks.remove(self._module_handles)
-
-    def _step_back(self) -> None:
-        self._compiled = max(0, self._compiled - 1)
-        if not self._compiled and self._attached and not self._light and not self._module_handles:
-            self._hook_modules()
+            self.modules.step_back()
 
     def _entered(self, module: nn.Module, args: Any, kwargs: dict[str, Any] | None) -> None:
         """Before a module call; `kwargs` None: a global hook's, which sees no keywords."""
-        depth, self._depth = self._depth, self._depth + 1
+        under_way = self.under_way
+        depth, under_way.depth = under_way.depth, under_way.depth + 1
         # NB: the model's first call, not the outermost module's: a wrapper the caller did
         # not name (`nn.DataParallel(model)`, a module holding it) only passes it the batch
-        if self._root:
-            if self._sniff:
-                self._sniff = not self.run.note_inner_autocast()
+        if under_way.root_at is not None:
+            if under_way.sniff:
+                under_way.sniff = not self.run.note_inner_autocast()
             return
         if self._compiles_the_given(module):
             module = module.get_submodule("_orig_mod")  # NB: the model given, compiled
-        if self._backward or not torch.is_grad_enabled() or not self._is_model(module):
+        if under_way.backward or not torch.is_grad_enabled() or not self._is_model(module):
             return
         known, undecided = self.run.model is not None, self.run.dtype is None
         self.run.note_model(module)  # NB: before the step opens, so its probes know the model
@@ -299,16 +257,16 @@ class StepHooks:
             self.on_model()
         if module is self.run.model and self._stepless_due():
             self._close()  # NB: the loop reset its gradients: the next step begins
-            if not self._attached:  # NB: the step's end took the hooks off (`--continue`)
+            if not self.modules.attached:  # NB: the step's end took the hooks off (`--continue`)
                 return
         ctx = self._current()
         if ctx is None:
             return
-        self._root, self._root_at, self._worked = True, depth, True
+        under_way.root_at, self.progress.worked = depth, True
         if ctx.phase is not Phase.LOSS:  # NB: a loss begins, its batch next
             self._next_micro_batch(ctx)
-        self._sniff = undecided and self.run.dtype_from_weights
-        self._step_regular = module is self.run.model and self._step_regular is not False
+        under_way.sniff = undecided and self.run.dtype_from_weights
+        self.modules.root_forward(module is self.run.model)
         if self.explicit:  # the caller named the batch
             self._forward_started(ctx)
         elif self._named is not None:  # a framework named it
@@ -322,16 +280,15 @@ class StepHooks:
             self._forward_started(ctx)
         else:  # a global hook's: the keyword inputs are checked when the call returns
             self._phase(ctx, Phase.INPUT, args)
-            self._late = True
+            under_way.late = True
             self._forward_started(ctx)
 
     def _next_micro_batch(self, ctx: StepContext) -> None:
         """A loss begun after a backward, no optimizer step between them, is the next
         micro-batch of gradient accumulation (numbered from 0; a step that had one is
         unnumbered again when it ends: `Tracer.step_ended`)."""
-        micro = ctx.micro_batch
-        ctx.micro_batch = 0 if micro is None else micro + self._backwarded
-        self._backwarded = False
+        micro, after_backward = ctx.micro_batch, self.progress.loss_began()
+        ctx.micro_batch = 0 if micro is None else micro + after_backward
 
     def _forward_started(self, ctx: StepContext) -> None:
         if ctx.phase is not Phase.LOSS:
@@ -341,21 +298,21 @@ class StepHooks:
         self.probe.phase_started(ctx, Phase.FORWARD)
 
     def _exited(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
-        ctx = self.ctx
-        depth = self._depth = max(0, self._depth - 1)  # the depth this call ran at
-        if not self._root or depth != self._root_at or ctx is None:
+        ctx, under_way = self.ctx, self.under_way
+        depth = under_way.depth = max(0, under_way.depth - 1)  # the depth this call ran at
+        if under_way.root_at is None or depth != under_way.root_at or ctx is None:
             return
-        if self._late:  # the first call's keyword inputs, before its output
-            self._late = False
+        if under_way.late:  # the first call's keyword inputs, before its output
+            under_way.late = False
             if kwargs and ctx.phase is Phase.FORWARD:
                 self._phase(ctx, Phase.INPUT, call_inputs(args, kwargs))
-        self._root, self._late, self._sniff = False, False, False
+        under_way.root_ended()
         if ctx.phase is Phase.FORWARD:
             ctx.output = output
             self.probe.phase_ended(ctx, Phase.FORWARD)
             ctx.phases.pop()
             ctx.output = None  # NB: the probe has queued its check; do not hold the graph
-        if module is self.run.model and self._followed is None:
+        if module is self.run.model and self.modules.followed is None:
             self._follow(module)  # NB: its next calls come with their keyword inputs
 
     def _compiles_the_given(self, module: nn.Module) -> bool:
@@ -372,29 +329,29 @@ class StepHooks:
             self._is_model_cache[module] = known
         return known
 
-    # -- backward (patches.Listener) --------------------------------------------------------
+    # -- backward, the GradScaler, clipping (wrappers.StepListener) -------------------------
     def backward_started(self, tensors: Any) -> None:
-        self._backward += 1
-        ctx = self._current() if self._backward == 1 else None
+        self.under_way.backward += 1
+        ctx = self._current() if self.under_way.backward == 1 else None
         if ctx is None:
             return
-        self._worked = True
+        self.progress.worked = True
         loss, scale = self._loss_of(tensors)
         if loss is not None:
             ctx.loss = loss  # this micro-batch's: the probe adds up a step's losses
             self.probe.phase_ended(ctx, Phase.LOSS)
         ctx.grad_scale = scale
-        self._backwarded, self._unscaled = True, False
+        self.progress.backwarded, self.progress.grads = True, Grads.after_backward(scale)
         ctx.phases[:] = [Phase.BACKWARD]
         self.probe.phase_started(ctx, Phase.BACKWARD)
 
     def backward_ended(self, ok: bool) -> None:
-        self._backward = max(0, self._backward - 1)
+        self.under_way.backward = max(0, self.under_way.backward - 1)
         ctx = self.ctx
-        if not self._backward and ok and ctx is not None and ctx.phase is Phase.BACKWARD:
+        if not self.under_way.backward and ok and ctx is not None and ctx.phase is Phase.BACKWARD:
             self.probe.phase_ended(ctx, Phase.BACKWARD)  # the phase stays open for unscale_
             if self._stepless():
-                self._grad_mark = _grad_mark(self.run.params)
+                self.progress.grad_mark = GradMark.of(self.run.params)
 
     def _loss_of(self, tensors: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The unscaled loss behind the tensor given to backward, and its loss scale."""
@@ -404,27 +361,27 @@ class StepHooks:
         scaled, self._scaled = self._scaled, None
         if not isinstance(t, torch.Tensor):
             return None, None
-        if scaled is not None and scaled[0]() is t:
-            return scaled[1].detach().float().reshape(()), scaled[2]
+        if scaled is not None and scaled.of(t):
+            return scaled.loss.detach().float().reshape(()), scaled.scale
         return (t.detach().float().reshape(()) if t.numel() == 1 else None), None
 
     def scaled(self, scaler: torch.amp.GradScaler, loss: torch.Tensor, out: torch.Tensor) -> None:
         self.run.note_scaler(scaler)
-        self._scaled = (weakref.ref(out), loss, amp.scale_tensor(scaler))
+        self._scaled = ScaledLoss(weakref.ref(out), loss, amp.scale_tensor(scaler))
 
     def clipped(self, max_norm: float | None) -> None:
         ctx = self.ctx
         if ctx is None:
             return
         self.run.clip_grad_norm = max_norm
-        if ctx.grad_scale is not None and not self._unscaled and self.run.clipped_scaled is None:
+        if self.progress.grads is Grads.SCALED and self.run.clipped_scaled is None:
             self.run.clipped_scaled = ctx.step
             if self._warn:
                 said = CLIP_BEFORE_UNSCALE.format(step=ctx.step)
                 warnings.warn(f"nandoctor: {said}", stacklevel=4)
 
     def unscaled(self) -> None:
-        self._unscaled = True
+        self.progress.grads = Grads.UNSCALED
 
     # -- optimizer steps ------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -434,23 +391,23 @@ class StepHooks:
         self.optimizer_exited(optimizer, True)
 
     def optimizer_entered(self, optimizer: torch.optim.Optimizer, scaler: Any) -> None:
-        depth, self._optim = self._optim, self._optim + 1
+        depth, self.under_way.optim = self.under_way.optim, self.under_way.optim + 1
         ctx = self._current() if depth == 0 else None
         if ctx is None:
             return
         self.run.note_optimizer(optimizer, stepping=True)
         if not self.explicit and optimizer is self.run.clock:
             ctx = self._clock_entered(ctx)
-        if not self._worked:  # optimizer.step(closure): forward and backward come inside
+        if not self.progress.worked:  # optimizer.step(closure): forward and backward inside
             ctx.closure = True
             return
         ctx.phases[:] = [Phase.OPTIMIZER]
         self.probe.phase_started(ctx, Phase.OPTIMIZER)
 
     def optimizer_exited(self, optimizer: torch.optim.Optimizer, ok: bool) -> None:
-        self._optim = max(0, self._optim - 1)
+        self.under_way.optim = max(0, self.under_way.optim - 1)
         ctx = self.ctx
-        if self._optim or ctx is None:
+        if self.under_way.optim or ctx is None:
             return
         if not ok:
             self.abandon()
@@ -461,12 +418,13 @@ class StepHooks:
         self.probe.phase_ended(ctx, Phase.OPTIMIZER)
         ctx.phases.clear()
         ctx.stepped = True
-        self._backwarded = False  # NB: the next loss is another model's (a GAN), not accumulation
+        progress = self.progress
+        progress.backwarded = False  # NB: the next loss is another model's (a GAN's)
         if self.explicit:
             return
-        self._last = optimizer
-        self._clocked = self._clocked or optimizer is self.run.clock
-        if self._clocked and optimizer is (self._closer or self.run.clock):
+        self.ending.last = optimizer
+        progress.clocked = progress.clocked or optimizer is self.run.clock
+        if progress.clocked and self.ending.ends_step(optimizer, self.run.clock):
             self._close()
 
     def _clock_entered(self, ctx: StepContext) -> StepContext:
@@ -474,15 +432,12 @@ class StepHooks:
         before it ends every step from now on (the clock itself in a loop with one). A step
         the clock already stepped in ends here instead: the loop broke that order, and the
         clock alone ends steps again (NB: numbered as if it always had)."""
-        if not self._cycle and self._last is not None and self.run.given_optimizer is None:
-            self._cycle = True
-            self._closer = None if self._last is self.run.clock else self._last
-        if not self._clocked:
+        self.ending.clock_entered(self.run.clock, self.run.given_optimizer)
+        if not self.progress.clocked:
             return ctx
-        self._closer = None
+        self.ending.order_broken()
         self._close()
-        ctx = self._open(None)
-        return ctx
+        return self._open(None)
 
     # -- steps ------------------------------------------------------------------------------
     def _current(self) -> StepContext | None:
@@ -498,32 +453,28 @@ class StepHooks:
     def _stepless_due(self) -> bool:
         """A loop that updates its weights by hand (`p.data.add_(p.grad, alpha=-lr)`, no
         optimizer) has no optimizer step to end a step: one ends when the model is called
-        again after a backward whose gradients the loop has reset since (`zero_grad()`:
-        set to None, or zeroed in place). Gradient accumulation keeps them."""
-        mark = self._grad_mark
-        if mark is None or self.ctx is None or self._optim or not self._stepless():
+        again after a backward whose gradients the loop has reset since (`zero_grad()`).
+        Gradient accumulation keeps them."""
+        mark = self.progress.grad_mark
+        if mark is None or self.ctx is None or self.under_way.optim or not self._stepless():
             return False
-        param, grad, version = mark
-        now, then = param.grad, grad()
-        if now is None or then is None or now is not then:
-            return True
-        return now._version != version
+        return mark.reset()
 
     def finish(self) -> int | None:
         """The script ends: a step of a loop that steps no optimizer ends with it (the
         model is not called again); its number, if one did."""
         ctx = self.ctx
-        if ctx is None or self._grad_mark is None or not self._stepless():
+        if ctx is None or self.progress.grad_mark is None or not self._stepless():
             return None
         self._close()
         return ctx.step
 
     def _open(self, batch: Any) -> StepContext:
-        self._unscaled, self._grad_mark = False, None
+        self.progress = StepSoFar()
         ctx = StepContext(self.run, self.step, batch, losses_add_up=True)
         if self.on_step_start is not None:
             self.on_step_start(ctx)
-        self.ctx, self._worked, self._clocked, self._backwarded = ctx, False, False, False
+        self.ctx = ctx
         self.probe.step_started(ctx)
         return ctx
 
@@ -533,23 +484,15 @@ class StepHooks:
         ctx.phases.clear()
         self.probe.step_ended(ctx)
         self.step += 1
-        self._count_regular()
+        regular = self.modules.step_ended(self._model_followed)
+        if regular is None and self.progress.worked and self._given is not None:
+            self._model_not_called()
         if self.on_step_end is not None:
             self.on_step_end(ctx)
 
-    # -- light mode -------------------------------------------------------------------------
-    def _count_regular(self) -> None:
-        regular, self._step_regular = self._step_regular, None
-        if regular is None and self._worked and self._given is not None:
-            self._model_not_called()
-        if self._light or self._never_light:
-            return
-        if regular is False:  # another root module: its calls need the global hooks
-            self._never_light = True
-        elif regular and self.run.model is not None and calls.followed(self.run.model, self):
-            self._regular += 1
-            if self._regular >= LIGHT_AFTER:
-                self._go_light()
+    def _model_followed(self) -> bool:
+        model = self.run.model
+        return model is not None and calls.followed(model, self)
 
     def _model_not_called(self) -> None:
         """The step trained without a call of the model it was given: the loop calls
@@ -567,25 +510,9 @@ class StepHooks:
         )
         self._given = None
 
-    def _go_light(self) -> None:
-        global_hooks.remove(self._module_handles)
-        self._light = True
-
     def _phase(self, ctx: StepContext, phase: Phase, batch: Any) -> None:
         ctx.phases.append(phase)
         ctx.batch = batch
         self.probe.phase_started(ctx, phase)
         self.probe.phase_ended(ctx, phase)
         ctx.phases.pop()
-
-
-def _grad_mark(
-    params: list[nn.Parameter],
-) -> tuple[torch.Tensor, weakref.ref[torch.Tensor], int] | None:
-    """The first gradient of `params`, to tell later whether it was reset (NB: plain
-    tensors only: a DTensor's version is not its shard's)."""
-    for p in params:
-        g = p.grad
-        if g is not None and type(g) is torch.Tensor:
-            return p, weakref.ref(g), g._version
-    return None

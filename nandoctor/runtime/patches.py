@@ -223,7 +223,7 @@ class OriginGuardPatch(MathPatch):
         if self.site.scale:
             return safe_ops.SCALE_CAPPED
         kind = safe_ops.family(self.site.family)[1]
-        return safe_ops.Kind.FLOAT32.value if kind is safe_ops.Kind.POW else kind.value
+        return safe_ops.SafeForm.FLOAT32.value if kind is safe_ops.SafeForm.POW else kind.value
 
     def __enter__(self) -> OriginGuardPatch:
         super().__enter__()
@@ -244,9 +244,9 @@ class OriginGuardPatch(MathPatch):
         if self.site.scale and args and safe_ops.is_scale(args[0]):
             self.hits += 1
             return safe_ops.capped_scale(func, args, kwargs)
-        if kind is safe_ops.Kind.FLOAT32 and not self.float32:
+        if kind is safe_ops.SafeForm.FLOAT32 and not self.float32:
             return func(*args, **kwargs)
-        if kind is safe_ops.Kind.FLOAT32 and safe_ops.in_place(name):
+        if kind is safe_ops.SafeForm.FLOAT32 and safe_ops.in_place(name):
             return func(*args, **kwargs)  # NB: a float32 result cannot be written in place
         self.hits += 1
         return safe_ops.safe_call(func, name, args, kwargs)

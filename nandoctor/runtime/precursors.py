@@ -250,7 +250,7 @@ class Precursors(Probe):
             site = self._sites[key] = Site(metric, module, op, name, limit, logged=logged)
         return site
 
-    # -- softmax_watch.Listener ------------------------------------------------------------
+    # -- softmax_watch.SoftmaxListener ------------------------------------------------------------
     def softmax_called(self, op: str, x: torch.Tensor, dim: int, out: torch.Tensor) -> None:
         if not self._active or not x.is_floating_point() or x.numel() == 0:
             return

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 
-class Kind(str, Enum):
+class SafeForm(str, Enum):
     DENOMINATOR = "denominator moved away from 0"
     SELF_AWAY = "input moved away from 0"
     FLOOR = "input clamped to the smallest normal number"
@@ -50,28 +50,29 @@ class Kind(str, Enum):
 
 
 # name -> (family, kind); a name not listed is its own family, run in float32
-_TABLE: dict[str, tuple[str, Kind]] = {
+_TABLE: dict[str, tuple[str, SafeForm]] = {
     **dict.fromkeys(
-        ("div", "divide", "true_divide", "__truediv__", "__itruediv__"), ("div", Kind.DENOMINATOR)
+        ("div", "divide", "true_divide", "__truediv__", "__itruediv__"),
+        ("div", SafeForm.DENOMINATOR),
     ),
-    **dict.fromkeys(("__rtruediv__", "reciprocal"), ("div", Kind.SELF_AWAY)),
-    **{name: (name, Kind.FLOOR) for name in ("log", "log2", "log10", "sqrt", "rsqrt")},
-    "log1p": ("log1p", Kind.ABOVE_MINUS_ONE),
-    **dict.fromkeys(("acos", "arccos"), ("acos", Kind.UNIT)),
-    **dict.fromkeys(("asin", "arcsin"), ("asin", Kind.UNIT)),
-    **dict.fromkeys(("atanh", "arctanh"), ("atanh", Kind.UNIT)),
-    "xlogy": ("xlogy", Kind.OTHER_FLOOR),
-    **dict.fromkeys(("pow", "__pow__", "__ipow__", "float_power"), ("pow", Kind.POW)),
-    "__rpow__": ("pow", Kind.FLOAT32),
+    **dict.fromkeys(("__rtruediv__", "reciprocal"), ("div", SafeForm.SELF_AWAY)),
+    **{name: (name, SafeForm.FLOOR) for name in ("log", "log2", "log10", "sqrt", "rsqrt")},
+    "log1p": ("log1p", SafeForm.ABOVE_MINUS_ONE),
+    **dict.fromkeys(("acos", "arccos"), ("acos", SafeForm.UNIT)),
+    **dict.fromkeys(("asin", "arcsin"), ("asin", SafeForm.UNIT)),
+    **dict.fromkeys(("atanh", "arctanh"), ("atanh", SafeForm.UNIT)),
+    "xlogy": ("xlogy", SafeForm.OTHER_FLOOR),
+    **dict.fromkeys(("pow", "__pow__", "__ipow__", "float_power"), ("pow", SafeForm.POW)),
+    "__rpow__": ("pow", SafeForm.FLOAT32),
     **dict.fromkeys(
         ("mm", "bmm", "addmm", "matmul", "__matmul__", "linear", "baddbmm", "addbmm"),
-        ("matmul", Kind.FLOAT32),
+        ("matmul", SafeForm.FLOAT32),
     ),
     # NB: aten's names (the report's op) and the Python calls the guard meets (F.cross_entropy
     # is log_softmax then nll_loss; a library calls it, not aten's op)
     **dict.fromkeys(
         ("cross_entropy", "nll_loss", "nll_loss_forward", "nll_loss2d_forward", "nll_loss_nd"),
-        ("nll_loss", Kind.MEAN_OVER_NONE),
+        ("nll_loss", SafeForm.MEAN_OVER_NONE),
     ),
 }
 _OVERFLOWING = frozenset({"exp", "exp2", "expm1", "pow"})  # float32 guards them in any case
@@ -90,12 +91,12 @@ def base_name(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def family(name: str) -> tuple[str, Kind]:
+def family(name: str) -> tuple[str, SafeForm]:
     """The family and the safe form of an op named as the report or torch's API names it."""
     base = base_name(name)
     if not base.startswith("__"):
         base = base.strip("_")
-    return _TABLE.get(base, (base, Kind.FLOAT32))
+    return _TABLE.get(base, (base, SafeForm.FLOAT32))
 
 
 def guards_float32(fam: str, overflowed: bool) -> bool:
@@ -112,11 +113,11 @@ def in_place(name: str) -> bool:
 def safe_call(func: Callable, name: str, args: tuple, kwargs: dict) -> Any:
     """Call `func` (whose family is `name`'s) in its safe form."""
     _, kind = family(name)
-    if kind is Kind.POW:
+    if kind is SafeForm.POW:
         kind = _pow_kind(args, kwargs)
-    if kind is Kind.FLOAT32:
+    if kind is SafeForm.FLOAT32:
         return in_float32(func, args, kwargs)
-    if kind is Kind.MEAN_OVER_NONE:
+    if kind is SafeForm.MEAN_OVER_NONE:
         return mean_over_some(func, args, kwargs)
     if kind in _SECOND:
         second = _SECOND[kind]
@@ -196,27 +197,27 @@ def _self_away(x: torch.Tensor, inplace: bool) -> torch.Tensor:
 
 
 # NB: the kinds whose safe form changes the second input (`other`), never in place
-_SECOND: dict[Kind, Callable[[torch.Tensor], torch.Tensor]] = {
-    Kind.DENOMINATOR: away_from_zero,
-    Kind.OTHER_FLOOR: lambda y: _floor(y, False) if y.is_floating_point() else y,
+_SECOND: dict[SafeForm, Callable[[torch.Tensor], torch.Tensor]] = {
+    SafeForm.DENOMINATOR: away_from_zero,
+    SafeForm.OTHER_FLOOR: lambda y: _floor(y, False) if y.is_floating_point() else y,
 }
 
-_SAFE: dict[Kind, Callable[[torch.Tensor, bool], torch.Tensor]] = {
-    Kind.FLOOR: _floor,
-    Kind.ABOVE_MINUS_ONE: _above_minus_one,
-    Kind.UNIT: _unit,
-    Kind.SELF_AWAY: _self_away,
+_SAFE: dict[SafeForm, Callable[[torch.Tensor, bool], torch.Tensor]] = {
+    SafeForm.FLOOR: _floor,
+    SafeForm.ABOVE_MINUS_ONE: _above_minus_one,
+    SafeForm.UNIT: _unit,
+    SafeForm.SELF_AWAY: _self_away,
 }
 
 
-def _pow_kind(args: tuple, kwargs: dict) -> Kind:
+def _pow_kind(args: tuple, kwargs: dict) -> SafeForm:
     """x ** p: a root floors x, a negative power keeps x away from 0; p >= 1: float32."""
     p = args[1] if len(args) > 1 else kwargs.get("exponent")
     if not isinstance(p, (int, float)) or p >= 1 or p == 0:
-        return Kind.FLOAT32
+        return SafeForm.FLOAT32
     if p < 0 and float(p).is_integer():
-        return Kind.SELF_AWAY
-    return Kind.FLOOR
+        return SafeForm.SELF_AWAY
+    return SafeForm.FLOOR
 
 
 def in_float32(func: Callable, args: tuple, kwargs: dict) -> Any:

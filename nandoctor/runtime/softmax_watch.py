@@ -28,7 +28,7 @@ LOG_SOFTMAX = "aten._log_softmax.default"
 SDPA = "aten.scaled_dot_product_attention"
 
 
-class Listener(Protocol):
+class SoftmaxListener(Protocol):
     def softmax_called(self, op: str, x: torch.Tensor, dim: int, out: torch.Tensor) -> None: ...
 
     def attention_called(self, args: tuple, kwargs: dict[str, Any]) -> None: ...
@@ -37,7 +37,7 @@ class Listener(Protocol):
 
 
 def tell_softmax(
-    listeners: Sequence[Listener], op: str, args: tuple, kwargs: dict[str, Any], out: Any
+    listeners: Sequence[SoftmaxListener], op: str, args: tuple, kwargs: dict[str, Any], out: Any
 ) -> None:
     """A softmax (or log_softmax) returned `out`: its input and dim, by position or name
     (`torch.softmax(input, dim)`, `x.softmax(dim)`)."""
@@ -50,14 +50,16 @@ def tell_softmax(
             listener.softmax_called(op, x, dim, out)
 
 
-def tell_attention(listeners: Sequence[Listener], args: tuple, kwargs: dict[str, Any]) -> None:
+def tell_attention(
+    listeners: Sequence[SoftmaxListener], args: tuple, kwargs: dict[str, Any]
+) -> None:
     if torch.compiler.is_compiling():
         return
     for listener in list(listeners):
         listener.attention_called(args, kwargs)
 
 
-def tell_log(listeners: Sequence[Listener], args: tuple, kwargs: dict[str, Any]) -> None:
+def tell_log(listeners: Sequence[SoftmaxListener], args: tuple, kwargs: dict[str, Any]) -> None:
     x = args[0] if args else kwargs.get("input", kwargs.get("self"))
     if isinstance(x, torch.Tensor) and not torch.compiler.is_compiling():
         for listener in list(listeners):
@@ -68,7 +70,7 @@ __all__ = [
     "LOG_SOFTMAX",
     "SDPA",
     "SOFTMAX",
-    "Listener",
+    "SoftmaxListener",
     "tell_attention",
     "tell_log",
     "tell_softmax",

@@ -65,7 +65,7 @@ from nandoctor.runtime import softmax_watch
 from nandoctor.setup.scaler import explain_float16_unscale
 
 
-class Listener(Protocol):
+class StepListener(Protocol):
     """What a registered listener is told; each call is cheap and host-side only."""
 
     def backward_started(self, tensors: Any) -> None: ...
@@ -159,22 +159,22 @@ class _Patches:
 _patched: dict[tuple[int, str], str] = {}  # (id(owner), name) -> the set that patched it
 
 
-def register(listener: Listener) -> None:
-    """`listener` is told of backward, the GradScaler's steps and clipping (`Listener`)."""
+def register(listener: StepListener) -> None:
+    """`listener` is told of backward, the GradScaler's steps and clipping (`StepListener`)."""
     _STEPS.register(listener)
 
 
-def unregister(listener: Listener) -> None:
+def unregister(listener: StepListener) -> None:
     _STEPS.unregister(listener)
 
 
-def listen_softmaxes(listener: softmax_watch.Listener) -> None:
+def listen_softmaxes(listener: softmax_watch.SoftmaxListener) -> None:
     """`listener` is told of each softmax, log_softmax, scaled-dot-product attention and
-    log call (`softmax_watch.Listener`)."""
+    log call (`softmax_watch.SoftmaxListener`)."""
     _SOFTMAXES.register(listener)
 
 
-def stop_listening_softmaxes(listener: softmax_watch.Listener) -> None:
+def stop_listening_softmaxes(listener: softmax_watch.SoftmaxListener) -> None:
     _SOFTMAXES.unregister(listener)
 
 

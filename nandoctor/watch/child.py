@@ -42,14 +42,14 @@ if TYPE_CHECKING:
     from nandoctor.localize.update import UpdateTracker
     from nandoctor.report.forecast import Forecast
 
-_attached: Watched | None = None
+_attached: WatchedProcess | None = None
 UPDATE_WINDOW = 32  # on a replay, the steps before the bad one whose updates are measured
 
 
 def attach(settings: Settings) -> None:
     global _attached
     if _attached is None:
-        _attached = Watched(settings)
+        _attached = WatchedProcess(settings)
 
 
 def _write_before_os_exit(at_exit: Callable[[], None]) -> None:
@@ -65,7 +65,7 @@ def _write_before_os_exit(at_exit: Callable[[], None]) -> None:
     os._exit = exit_
 
 
-class Watched:
+class WatchedProcess:
     def __init__(self, settings: Settings) -> None:
         self.settings, self.pid = settings, os.getpid()
         self.run = HookedRun()

@@ -25,7 +25,6 @@ from nandoctor.watch.protocol import ENV, Settings
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 GRACE_S = 10.0  # how long an interrupted command gets to write what it saw
 POLL_S = 0.5  # how often a running command's folder is looked at
-INTERRUPTED_CODE = int(ExitCode.INTERRUPTED)  # 130: how a command stopped by Ctrl-C exits
 TIMED_OUT_CODE = 124  # a command stopped for taking too long (as `timeout(1)` exits)
 
 
@@ -104,7 +103,7 @@ def _wait(
             return TIMED_OUT_CODE
         if interrupt_raises:
             raise
-        return INTERRUPTED_CODE
+        return int(ExitCode.INTERRUPTED)
     return 128 - code if code < 0 else code
 
 

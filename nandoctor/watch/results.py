@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from nandoctor.causes.case import RunFacts
-from nandoctor.localize.finding import Finding
+from nandoctor.localize.finding import Sighting
 from nandoctor.localize.replay import Localization
 from nandoctor.report.forecast import Forecast
 from nandoctor.report.signals import Curves
@@ -178,7 +178,7 @@ def _trace_order(trace: Trace) -> tuple:
     return (not trace.reached, trace.diverged is not None, finding is None, received, in_step)
 
 
-def received_from_peers(finding: Finding | None) -> bool:
+def received_from_peers(finding: Sighting | None) -> bool:
     """The first non-finite value the replay met came from another rank: the op that
     made it, or one of the two levels of ops that made its inputs, is a collective
     (`c10d.allreduce_`, `c10d._reduce_scatter_base_`, ...)."""

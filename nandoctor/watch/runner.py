@@ -32,7 +32,7 @@ from nandoctor.report.types import Environment, Report
 from nandoctor.runtime.hooks import CLIP_BEFORE_UNSCALE
 from nandoctor.runtime.record import RunResult, RunStatus
 from nandoctor.watch import recheck, results
-from nandoctor.watch.process import INTERRUPTED_CODE, TIMED_OUT_CODE, run_command
+from nandoctor.watch.process import TIMED_OUT_CODE, run_command
 from nandoctor.watch.protocol import DEFAULT_REPLAY_BUDGET, Settings
 from nandoctor.watch.ranks import JobRanks, job_ranks
 
@@ -72,14 +72,14 @@ def watched(
     `code` (`process.run_command`), with its failure replayed. NB: the first run is the
     caller's, so that the command starts before this module (and torch) is imported."""
     runs, attached = results.load_runs(folder), results.attached(folder)
-    raised = results.raised(folder) if code not in (0, INTERRUPTED_CODE) else None
+    raised = results.raised(folder) if code not in (0, ExitCode.INTERRUPTED) else None
     first = runs[0] if runs else None
     failure = first.result.failure if first is not None else None
     located: Localization | None = None
     notes: list[str] = []
     traces: list[results.Trace] = []
     interrupted = None
-    if code == INTERRUPTED_CODE and failure is not None:  # NB: Ctrl-C after the failure
+    if code == ExitCode.INTERRUPTED and failure is not None:  # NB: Ctrl-C after the failure
         notes = [f"no replay: the command was interrupted; {_RERUN_HINT}"]
     elif first is not None and failure is not None and failure.step is not None:
         try:
@@ -99,7 +99,7 @@ def watched(
         notes += _stopped_note(runs, failure.step, folder, job)
     report = _report(command, first, code, located, notes, attached, interrupted, raised, job)
     if interrupted:
-        return Watched(report, INTERRUPTED_CODE)
+        return Watched(report, int(ExitCode.INTERRUPTED))
     return Watched(report, int(ExitCode.USER_CODE) if raised is not None else code)
 
 
@@ -237,7 +237,7 @@ def _report(
     if facts is not None and facts.clipped_scaled is not None and result.failure is None:
         # NB: a healthy run has no causes: the loop's clip-before-unscale is said here
         notes.append(CLIP_BEFORE_UNSCALE.format(step=facts.clipped_scaled))
-    if code != 0 and result.failure is None and code != INTERRUPTED_CODE:
+    if code != 0 and result.failure is None and code != ExitCode.INTERRUPTED:
         died = f": it raised {raised}" if raised is not None else ""
         notes.append(f"the command exited with code {code}{died}")
     findings = Findings(
@@ -277,7 +277,7 @@ def _not_attached(code: int) -> str:
     """Why no sentinel watched: a command that failed early (a missing script, a bad
     argument) ended before torch; one that ran to its end may not be a Python that
     has nandoctor installed."""
-    if code not in (0, INTERRUPTED_CODE):
+    if code not in (0, ExitCode.INTERRUPTED):
         return (
             "nandoctor was not attached: the command ended before any process of it imported torch"
         )

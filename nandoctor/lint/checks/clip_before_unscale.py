@@ -28,7 +28,7 @@ from nandoctor.lint.scaler import (
     unscaled_before,
 )
 from nandoctor.lint.source import Source, position
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 INVALID = (
     """\
@@ -105,13 +105,13 @@ else:
 )
 
 
-def clip_before_unscale(src: Source) -> Iterator[Hit]:
+def clip_before_unscale(src: Source) -> Iterator[Spot]:
     helpers = clip_helpers(src)
     for use in scaler_uses(src):
         for call in src.calls_by_function[use.scope]:
             what = _clip_name(src, call, helpers)
             if what and scaled_before(src, use, call) and not unscaled_before(src, use, call):
-                yield Hit(call, _message(what, use, call))
+                yield Spot(call, _message(what, use, call))
 
 
 def _clip_name(src: Source, call: ast.Call, helpers: dict[str, ast.AST]) -> str | None:

@@ -20,7 +20,7 @@ from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.index import Located
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 INVALID = (
     """\
@@ -51,7 +51,7 @@ masked_mean(l, m).backward()
 )
 
 
-def division_by_zero(src: Source) -> Iterator[Hit]:
+def division_by_zero(src: Source) -> Iterator[Spot]:
     for node in src.nodes_of(ast.BinOp, ast.AugAssign, ast.Call):
         denominator = _denominator(src, node)
         if denominator is None or not on_differentiated_path(src, node):
@@ -60,7 +60,7 @@ def division_by_zero(src: Source) -> Iterator[Hit]:
             continue
         zeroable = flow_of(src).of_kind(denominator, Kind.ZEROABLE)
         if zeroable:
-            yield Hit(node, _message(src, denominator, zeroable[0].origin))
+            yield Spot(node, _message(src, denominator, zeroable[0].origin))
 
 
 def _denominator(src: Source, node: ast.AST) -> ast.expr | None:

@@ -26,9 +26,9 @@ from nandoctor.lint.fp16 import Float16Use, float16_use
 from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
-SMALLEST = 2.0**-24  # float16's smallest subnormal, ~5.96e-8
+FLOAT16_SMALLEST = 2.0**-24  # float16's smallest subnormal, ~5.96e-8
 _NN = "torch.nn."
 _F = "torch.nn.functional."
 # NB: the position of `eps` when passed positionally.
@@ -87,7 +87,7 @@ y = x / (x.norm(dim=-1, keepdim=True) + 1e-8)  # float32 only: 1e-8 is represent
 )
 
 
-def eps_underflow(src: Source) -> Iterator[Hit]:
+def eps_underflow(src: Source) -> Iterator[Spot]:
     use = float16_use(src)
     if not use.any:
         return
@@ -96,26 +96,26 @@ def eps_underflow(src: Source) -> Iterator[Hit]:
     yield from _denominators(src)
 
 
-def _argument(src: Source, call: ast.Call, use: Float16Use) -> Iterator[Hit]:
+def _argument(src: Source, call: ast.Call, use: Float16Use) -> Iterator[Spot]:
     name = src.qualname(call.func)
     if name not in EPS_POSITION or not use.casts:
         return
     eps = patterns.arg(call, EPS_POSITION[name], "eps")
     value = flow_of(src).const(eps)
     short = name.rsplit(".", 1)[-1]
-    if eps is not None and value is not None and 0 < value < SMALLEST:
-        yield Hit(eps, _eps_message(f"`{short}(eps={value:g})`", value))
+    if eps is not None and value is not None and 0 < value < FLOAT16_SMALLEST:
+        yield Spot(eps, _eps_message(f"`{short}(eps={value:g})`", value))
     elif eps is None and name in patterns.ADAM and use.half_parameters(src, call):
-        yield Hit(call, _adam_message(short))
+        yield Spot(call, _adam_message(short))
 
 
-def _denominators(src: Source) -> Iterator[Hit]:
+def _denominators(src: Source) -> Iterator[Spot]:
     seen: set[int] = set()
     for node in src.nodes_of(ast.BinOp, ast.AugAssign, ast.Call):
         for guarded in _guarded_expressions(src, node):
             for tag in flow_of(src).of_kind(guarded, Kind.EPS_ADDED):
                 value = tag.value or 0.0
-                if not 0 < value < SMALLEST or id(tag.origin) in seen:
+                if not 0 < value < FLOAT16_SMALLEST or id(tag.origin) in seen:
                     continue
                 seen.add(id(tag.origin))
                 if not on_differentiated_path(src, tag.origin):
@@ -123,7 +123,7 @@ def _denominators(src: Source) -> Iterator[Hit]:
                 if _log_of_padded_softmax(src, node, tag.origin):
                     continue  # NB: log-of-softmax warns there, the epsilon's size included
                 if not _computed_in_float32(src, tag.origin):
-                    yield Hit(tag.origin, _eps_message(f"`{value:g}` here", value))
+                    yield Spot(tag.origin, _eps_message(f"`{value:g}` here", value))
 
 
 def _log_of_padded_softmax(src: Source, node: ast.AST, addition: ast.AST) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from nandoctor.lint.findings import Severity
 from nandoctor.lint.scaler import scaler_name, scaler_uses
 from nandoctor.lint.source import Source, position
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 INVALID = (
     """\
@@ -50,7 +50,7 @@ loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters())  # ti
 )
 
 
-def exploding_gradients(src: Source) -> Iterator[Hit]:
+def exploding_gradients(src: Source) -> Iterator[Spot]:
     uses = scaler_uses(src)
     if not uses or any(_name(c) == "register_hook" for c in src.calls):
         return
@@ -62,7 +62,7 @@ def exploding_gradients(src: Source) -> Iterator[Hit]:
     clipping = _clipping_functions(src)
     for loop, calls in loops.items():
         if not _clips_in(src, loop, clipping):
-            yield Hit(calls[0], _message(calls[0]))  # NB: one finding per unclipped loop
+            yield Spot(calls[0], _message(calls[0]))  # NB: one finding per unclipped loop
 
 
 def _loop_of(src: Source, node: ast.AST) -> ast.AST:

@@ -59,7 +59,7 @@ from nandoctor.lint.fp16 import autocast_call, float16_autocast, float16_chosen
 from nandoctor.lint.grad import call_chain, differentiated
 from nandoctor.lint.scaler import is_scale, scaler_uses
 from nandoctor.lint.source import Source, position
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 SCALERS = patterns.GRAD_SCALERS | {
     "torch.distributed.fsdp.ShardedGradScaler",
@@ -149,7 +149,7 @@ assert all(p.grad is not None for p in model.parameters())
 )
 
 
-def fp16_without_grad_scaler(src: Source) -> Iterator[Hit]:
+def fp16_without_grad_scaler(src: Source) -> Iterator[Spot]:
     backwards = [c for c in src.calls if _plain_backward(src, c)]
     if not backwards or _scales_elsewhere(src):
         return
@@ -165,7 +165,7 @@ def fp16_without_grad_scaler(src: Source) -> Iterator[Hit]:
         ]
         if training:
             backward = _backward_after(src, training[0], backwards)
-            yield Hit(call, _message(src, autocast, backward))
+            yield Spot(call, _message(src, autocast, backward))
 
 
 def _plain_backward(src: Source, call: ast.Call) -> bool:

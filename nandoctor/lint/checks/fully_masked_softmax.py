@@ -19,7 +19,7 @@ from nandoctor.lint.findings import Severity
 from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 CAUSAL = re.compile(r"tril|triu|causal|subsequent|look_?ahead|future", re.IGNORECASE)
 SAMPLING_WORDS = frozenset(
@@ -27,7 +27,7 @@ SAMPLING_WORDS = frozenset(
     | {"greedy"}
 )  # NB: words of a function's name, so `downsample` is no sampling
 THRESHOLDS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-Key = tuple[ast.AST | None, str]  # (scope, local name) or (None, attribute name)
+NameKey = tuple[ast.AST | None, str]  # (scope, local name) or (None, attribute name)
 
 INVALID = (
     """\
@@ -65,8 +65,8 @@ probs = torch.softmax(logits, dim=-1)
 )
 
 
-def fully_masked_softmax(src: Source) -> Iterator[Hit]:
-    causal: list[frozenset[Key]] = []  # NB: computed on the first -inf fill only
+def fully_masked_softmax(src: Source) -> Iterator[Spot]:
+    causal: list[frozenset[NameKey]] = []  # NB: computed on the first -inf fill only
     seen: set[int] = set()
     for call in src.calls:
         source_tensor = _softmax_input(src, call)
@@ -76,7 +76,7 @@ def fully_masked_softmax(src: Source) -> Iterator[Hit]:
             causal = causal or [_causal_names(src)]
             if id(tag.origin) not in seen and not _cannot_fill_a_row(src, tag.origin, causal[0]):
                 seen.add(id(tag.origin))
-                yield Hit(tag.origin, _message(call))
+                yield Spot(tag.origin, _message(call))
 
 
 def _softmax_input(src: Source, call: ast.Call) -> ast.expr | None:
@@ -92,7 +92,7 @@ def _sampling(src: Source, call: ast.Call) -> bool:
     return bool(words & SAMPLING_WORDS) or patterns.in_no_grad(src, call)
 
 
-def _cannot_fill_a_row(src: Source, origin: ast.AST, causal: frozenset[Key]) -> bool:
+def _cannot_fill_a_row(src: Source, origin: ast.AST, causal: frozenset[NameKey]) -> bool:
     receiver, mask = _receiver_and_mask(origin)
     statement = next((a for a in src.ancestors(origin) if isinstance(a, ast.stmt)), origin)
     looked_at = mask if mask is not None else statement
@@ -116,11 +116,11 @@ def _receiver_and_mask(origin: ast.AST) -> tuple[ast.AST | None, ast.AST | None]
     return None, None
 
 
-def _causal_names(src: Source) -> frozenset[Key]:
+def _causal_names(src: Source) -> frozenset[NameKey]:
     """Variables given a value built with tril/triu, or from such a variable (`mask =
     self.bias[:, :, :T, :T]` after `register_buffer("bias", torch.tril(...))`): masks
     derived from them are causal. A local name counts in its own function only."""
-    names: set[Key] = set()
+    names: set[NameKey] = set()
     for call in src.calls:
         if isinstance(call.func, ast.Attribute) and call.func.attr == "register_buffer":
             first = call.args[0] if call.args else None
@@ -152,9 +152,9 @@ def _target_nodes(node: ast.AST) -> list[ast.AST]:
     return [node.target]
 
 
-def _keys(src: Source, node: ast.AST) -> set[Key]:
+def _keys(src: Source, node: ast.AST) -> set[NameKey]:
     """`(scope, name)` for local names, `(None, attr)` for attributes (`self.bias`)."""
-    found: set[Key] = set()
+    found: set[NameKey] = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Name) and n.id != "self":
             found.add((src.scope_of(n), n.id))

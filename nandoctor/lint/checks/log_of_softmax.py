@@ -20,7 +20,7 @@ from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind, Tag
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 INVALID = (
     """\
@@ -69,18 +69,18 @@ h = math.log(2) + np.log(softmax(scores)).sum()  # not torch
 )
 
 
-def log_of_softmax(src: Source) -> Iterator[Hit]:
+def log_of_softmax(src: Source) -> Iterator[Spot]:
     for call, argument in patterns.logs(src):
         tags = flow_of(src).tags(argument)
         softmax = [t for t in tags if t.kind is Kind.SOFTMAX]
         padded = [t for t in tags if t.kind is Kind.SOFTMAX_EPS]
         sigmoid = [t for t in tags if t.kind is Kind.SIGMOID]
         if softmax:
-            yield Hit(call, _direct(src, call, argument, softmax[0]))
+            yield Spot(call, _direct(src, call, argument, softmax[0]))
         elif padded:
-            yield Hit(call, _padded(src, call, padded[0]), Severity.WARNING)
+            yield Spot(call, _padded(src, call, padded[0]), Severity.WARNING)
         elif sigmoid:
-            yield Hit(call, _sigmoid(src, call, argument, sigmoid[0]))
+            yield Spot(call, _sigmoid(src, call, argument, sigmoid[0]))
 
 
 def _direct(src: Source, call: ast.Call, argument: ast.AST, tag: Tag) -> str:

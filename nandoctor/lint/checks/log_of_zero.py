@@ -16,7 +16,7 @@ from nandoctor.lint.findings import Severity, pointer
 from nandoctor.lint.flow import flow_of
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 INVALID = (
     """\
@@ -45,13 +45,13 @@ safe = torch.log((1 - p).clamp_min(1e-4))
 )
 
 
-def log_of_zero(src: Source) -> Iterator[Hit]:
+def log_of_zero(src: Source) -> Iterator[Spot]:
     for call, argument in patterns.logs(src):
         complement = flow_of(src).of_kind(argument, Kind.COMPLEMENT)
         if complement:
             origin = complement[0].origin
             where = pointer(argument, origin)
-            yield Hit(
+            yield Spot(
                 call,
                 f"Use `F.logsigmoid(-z)` (or `F.binary_cross_entropy_with_logits` on the logits) "
                 f"instead of `{patterns.log_name(src, call)}` of one minus a sigmoid{where}: the "

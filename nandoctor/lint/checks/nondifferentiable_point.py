@@ -19,7 +19,7 @@ from nandoctor.lint.flow import flow_of
 from nandoctor.lint.grad import on_differentiated_path
 from nandoctor.lint.source import Source
 from nandoctor.lint.tags import Kind
-from nandoctor.lint.unit import Check, Hit
+from nandoctor.lint.unit import Check, Spot
 
 ARC = frozenset({"acos", "asin", "arccos", "arcsin"})
 
@@ -56,18 +56,18 @@ with torch.no_grad():
 )
 
 
-def nondifferentiable_point(src: Source) -> Iterator[Hit]:
+def nondifferentiable_point(src: Source) -> Iterator[Spot]:
     for node in src.nodes_of(ast.BinOp, ast.Call):
         hit = _sqrt(src, node) or _arc(src, node)
         if hit is not None and on_differentiated_path(src, node):
             yield hit  # NB: `if d > 0: sqrt(d)` is no guard for the gradient of d
 
 
-def _sqrt(src: Source, node: ast.BinOp | ast.Call) -> Hit | None:
+def _sqrt(src: Source, node: ast.BinOp | ast.Call) -> Spot | None:
     argument = _sqrt_argument(src, node)
     if argument is None or not flow_of(src).has(argument, Kind.SQUARES):
         return None
-    return Hit(
+    return Spot(
         node,
         f"Use `torch.linalg.vector_norm` or add an epsilon inside the sqrt of "
         f"`{_short(src, argument)}`: where that sum of squares is 0 the gradient is "
@@ -96,7 +96,7 @@ def _exponent(src: Source, call: ast.Call) -> float | None:
     return flow_of(src).const(call.args[0]) if call.args else None
 
 
-def _arc(src: Source, node: ast.BinOp | ast.Call) -> Hit | None:
+def _arc(src: Source, node: ast.BinOp | ast.Call) -> Spot | None:
     if not isinstance(node, ast.Call):
         return None
     name = src.qualname(node.func) or ""
@@ -106,7 +106,7 @@ def _arc(src: Source, node: ast.BinOp | ast.Call) -> Hit | None:
         argument = patterns.method_receiver(src, node, ARC)
     if argument is None or flow_of(src).has(argument, Kind.CLAMPED):
         return None
-    return Hit(
+    return Spot(
         node,
         f"Clamp the argument into (-1, 1) before `{_fn(node)}`, e.g. `.clamp(-1 + 1e-6, "
         f"1 - 1e-6)`: its derivative is infinite at +-1, which a cosine of identical "
