@@ -220,7 +220,7 @@ def test_a_time_budget_for_a_distributed_run_is_refused_before_any_rank_starts()
 
 def test_the_run_keeps_the_memory_its_steps_free_for_the_next(project, monkeypatch):
     # diagnose and baseline run the loop in this process: glibc's thresholds are set first
-    # (tests/test_host_memory.py: what they change)
+    # (tests/runtime/test_host_memory.py: what they change)
     from nandoctor.runtime import host_memory
 
     calls = []

@@ -1,7 +1,7 @@
 """A what-if replay's verdict is the verdict of a plain run of the fixed config: the same
 judge (each GradScaler skip rechecked at loss scale 1), and a learning check that reads
 any loss, in units of the original run's own progress. The runs are in
-tests/replay_runs.py."""
+tests/helpers/replay_runs.py."""
 
 from __future__ import annotations
 

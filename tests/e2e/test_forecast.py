@@ -1,6 +1,6 @@
 """The forecast everywhere a run is watched: `diagnose` (JSON, terminal, Markdown, JUnit,
 exit codes with --fail-on-forecast, TensorBoard), `Guard`, and the Lightning and
-transformers callbacks (`watch`: tests/test_watch.py, beside diagnose's own report)."""
+transformers callbacks (`watch`: tests/cli/test_watch.py, beside diagnose's own report)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A what-if for every fix the report offers, on real architectures (tiny random-init
 transformers models on the CPU): the fix is replayed where nandoctor can apply it itself,
 and where it cannot, the report says why. The models and their failures are in
-tests/real_fixes.py and tests/real_models.py."""
+tests/helpers/real_fixes.py and tests/helpers/real_models.py."""
 
 from __future__ import annotations
 

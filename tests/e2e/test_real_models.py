@@ -2,7 +2,7 @@
 the causal origin of each designed failure, the values that heal on the way listed and
 never blamed, the library line and the user's, and the same report on every run.
 
-The models and their failures are in tests/real_models.py; the expected lines are found
+The models and their failures are in tests/helpers/real_models.py; the expected lines are found
 independently, by the marker comment on them.
 """
 

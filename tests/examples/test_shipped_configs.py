@@ -44,7 +44,7 @@ _REPORTS: dict[str, Report] = {}
 
 def report_of(name: str) -> Report:
     """The config's report as shipped (steps capped for healthy ones), fixes replayed,
-    computed once per session (tests/test_whatif.py reads the same reports)."""
+    computed once per session (tests/diagnose/test_verify.py reads the same reports)."""
     if name not in _REPORTS:
         loaded = load_config(CONFIGS / name).with_overrides(steps=CASES[name].steps)
         _REPORTS[name] = diagnose(loaded)

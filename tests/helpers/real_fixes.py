@@ -1,5 +1,5 @@
 """Tiny random-init transformers models whose designed failures need a what-if that is
-more than a config change (tests/test_real_fixes.py):
+more than a config change (tests/e2e/test_real_fixes.py):
 
 - GPT-2 cast to float16 (`.half()`), resumed with Adam from a checkpoint saved in
   float32 training: `optimizer.load_state_dict` casts the moments to float16 and brings

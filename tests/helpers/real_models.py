@@ -1,5 +1,5 @@
 """Tiny random-init transformers models, each with a failure designed into the user's
-loss or data, for the tests on real architectures (tests/test_real_models.py).
+loss or data, for the tests on real architectures (tests/e2e/test_real_models.py).
 
 A config names these as `tests.helpers.real_models:<builder>`. transformers is imported inside
 the builders, so importing this module costs nothing where transformers is missing.

@@ -1,4 +1,4 @@
-"""Runs built to test what a what-if replay may call verified (tests/test_replay_verdicts.py).
+"""Runs built to test what a what-if replay may call verified (diagnose/test_verify_replays.py).
 
 - A bag-of-words document classifier in float16 with a GradScaler: each document's vector
   is the sum of its words' embeddings (padding masked out) and its length,

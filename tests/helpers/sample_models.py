@@ -1,5 +1,5 @@
 """A tiny random-init BERT that pools each document's tokens by hand, over a DataLoader of
-documents, for the samples tests (tests/test_samples.py): one document of the corpus is
+documents, for the samples tests (tests/localize/test_samples.py): one document of the corpus is
 empty (all padding), and its mean pooling divides 0 by 0 in the user's loss.
 
 A config names these as `tests.helpers.sample_models:<builder>`; transformers is imported inside

@@ -1,6 +1,6 @@
 """The fixture scripts: every finding exactly where a `# expect: <id>` comment says.
 
-Each file in tests/lint_fixtures/ is a small training script with positive forms (marked)
+Each file in tests/lint/fixtures/ is a small training script with positive forms (marked)
 and negative forms (unmarked: aliases, methods, unrelated functions named `log`, causal
 masks...) of one or more checks. Precision and recall are both asserted: a missing
 finding and an extra one fail alike.

@@ -1,6 +1,6 @@
 """Which batches a rank sees: data the same on every rank is split, data that is already
 rank-aware is kept, a user's own DistributedSampler is kept. The ranks' exchange of
-fingerprints is injected here; tests/test_distributed.py runs the real one on 2 ranks."""
+fingerprints is injected here; tests/setup/test_distributed.py runs the real one on 2 ranks."""
 
 from __future__ import annotations
 
