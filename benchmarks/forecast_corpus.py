@@ -18,7 +18,7 @@ Growth failures, each by a different road to a non-finite value:
 - classifier-logsoftmax-fp16: a clean, confident classifier with a hand-written
   log(softmax) under float16: its logits spread until a probability underflows;
 - gpt2-logsoftmax-fp16: transformers' tiny GPT-2 learning to count, its loss a
-  hand-written log of the softmax (tests/real_models.py), in float16;
+  hand-written log of the softmax (tests/helpers/real_models.py), in float16;
 - deep-linear-fp32: a deep linear net under SGD at a high rate: bursts of instability
   (the edge of stability), each larger than the last, until one overflows float32;
 - embeddings-fp16: a similarity objective on unnormalised embeddings (a contrastive loss
@@ -203,7 +203,7 @@ def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int = 20, total: int
 
 
 HERE = "benchmarks.forecast_corpus"
-REAL = "tests.real_models"
+REAL = "tests.helpers.real_models"
 SCHEDULE = {"factory": f"{HERE}:warmup_cosine"}
 FP16 = {"dtype": "float16", "autocast_policy": "native"}
 
@@ -374,7 +374,7 @@ def corpus() -> list[CorpusRun]:
 
 
 def mlm_data(batches: int = 8, batch: int = 4, seq: int = 12) -> list[dict[str, torch.Tensor]]:
-    """tests.real_models' masked-language batches, every one with masked positions."""
+    """tests.helpers.real_models' masked-language batches, every one with masked positions."""
     real = importlib.import_module(REAL)  # NB: the suite's models, as a config names them
     made = real.mlm_data(batches + 1, batch, seq)
     good = [b for i, b in enumerate(made) if i != real.BAD_STEP]

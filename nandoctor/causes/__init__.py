@@ -7,7 +7,7 @@ what-if fixes nandoctor replays to verify it, declared as data. `index.CAUSES` i
 ordered list of them, and the catalog, rule and fix tables are read from it; `ranking.rank`
 runs the rules; `words.py` holds what the rules share.
 
-Adding a cause: add its id to SPEC.md and tests/test_catalog.py; write its module (text,
+Adding a cause: add its id to SPEC.md and tests/causes/test_catalog.py; write its module (text,
 rule, `FIXES`, `CAUSE`); put its `CAUSE` in `index.CAUSES`; if it has a fix nandoctor can
 apply, name a `Change` (and teach diagnose/plans.py to apply a new one) or register a
 math patch for the id in runtime/patches.py; a lint check goes in lint/checks/; then

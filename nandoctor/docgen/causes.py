@@ -4,7 +4,7 @@
 
 The table at the top is read from the registries, never written by hand: the rules and the
 fix plans (`causes.index`), the math patches (`runtime.patches.PATCHES`) and the lint checks
-(`lint.registry`). tests/test_catalog.py fails when the committed file differs from
+(`lint.registry`). tests/causes/test_catalog.py fails when the committed file differs from
 `render_causes()`.
 """
 

@@ -3,7 +3,7 @@
     python -m nandoctor.lint.docs > docs/lint.md
 
 Every check's section shows its id, severity, what it looks for, its INVALID and VALID
-examples (the same snippets the tests run) and how to suppress it; tests/test_lint_docs.py
+examples (the same snippets the tests run) and how to suppress it; tests/lint/test_docs.py
 fails when the committed file differs.
 """
 

@@ -12,7 +12,7 @@ for it with `Fix(patch=True)`; diagnose/plans.py looks it up here), once:
   `clamp(min=1e-8)`, `eps=1e-8` of a norm) is raised to the dtype's smallest normal number.
 
 The ids are plain strings here: the runtime sits below the causes and does not import them;
-tests/test_whatif.py checks that every id is a cause whose fix plan uses the patch.
+tests/diagnose/test_verify.py checks that every id is a cause whose fix plan uses the patch.
 
 One patch serves many causes and is not registered by id: `OriginGuardPatch`, "guard the
 origin op", made for one failure from the op and the user's source line the replay named

@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from nandoctor.cli import app
-from tests.conftest import CONFIGS
+from tests.helpers.paths import CONFIGS
 
 SCRIPTS = Path(__file__).resolve().parent
 SEED_SCRIPT = SCRIPTS / "seed_fp16_nan.py"

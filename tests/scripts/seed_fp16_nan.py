@@ -1,7 +1,7 @@
 """configs/seed-fp16-nan.yaml as the plain training script a user would write: no
 nandoctor in it (the model and data builders are the config's own). The same seed,
 settings and order as `diagnose` builds and steps them, so `nandoctor watch` must find
-the same step and phase. tests/test_watch.py checks the constants below against the
+the same step and phase. tests/cli/test_watch.py checks the constants below against the
 config, so the two cannot drift apart.
 
     float16 autocast + GradScaler, SGD with momentum, no clipping, and the
