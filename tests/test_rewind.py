@@ -4,6 +4,7 @@ terminal says where and why before the fixes replay."""
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 import time
@@ -164,8 +165,14 @@ def test_the_terminal_says_where_and_why_before_it_replays_the_fixes(lr_jump):
     assert "(resumed from a snapshot)" in out[replay.start() : final]
 
 
-def test_quiet_output_shows_no_replay_lines(lr_jump):
+def test_quiet_lines_and_a_report_on_stdout_stay_clean(lr_jump):
+    """`-q` prints its few lines only; `--json -` leaves stdout to the report (the panel
+    and the replay lines go to stderr)."""
     result = CliRunner().invoke(app, ["diagnose", str(lr_jump), "-q"])
     assert result.exit_code == 1, result.output
     assert "verifying" not in result.output
     assert result.output.startswith("nandoctor diagnose")
+    result = CliRunner().invoke(app, ["diagnose", str(lr_jump), "--json", "-"])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.stdout)["status"] == "nonfinite"
+    assert "verifying learning-rate-too-high" in result.stderr

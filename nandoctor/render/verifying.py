@@ -21,6 +21,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from nandoctor.render.causes import causes_block
 from nandoctor.render.origin import origin_block, source_line
@@ -63,13 +64,16 @@ class FixProgress:
     def __init__(self, console: Console, enabled: bool = True) -> None:
         self.console, self.enabled = console, enabled
         self._live = enabled and console.is_terminal
+        # NB: the sentence cut short to the terminal's width, the bar and the counts kept
+        line = Column(ratio=1, no_wrap=True, overflow="ellipsis")
         self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
+            TextColumn("{task.description}", table_column=line),
+            BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=console,
             transient=True,
+            expand=True,
         )
         self._task = self._progress.add_task("", total=None, visible=False)
 
@@ -85,8 +89,9 @@ class FixProgress:
             return
         self._progress.start()
         total = replay.target - replay.start + 1
-        line = escape(replay_line(replay))
-        self._progress.reset(self._task, total=total, description=line, visible=True)
+        snapshot = " (snapshot)" if replay.resumed else ""
+        line = f"verifying {replay.cause} from step {replay.start}{snapshot}: {replay.describe}"
+        self._progress.reset(self._task, total=total, description=escape(line), visible=True)
 
     def step(self, verdict: Verdict) -> None:
         if self._live and self.enabled:
