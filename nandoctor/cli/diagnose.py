@@ -49,6 +49,12 @@ def diagnose(
         callback=options.a_number,
         help="Seconds for all fix replays.",
     ),
+    verify_from_start: bool = typer.Option(
+        False,
+        "--verify-from-start",
+        help="Replay every fix refuted from the snapshot again from the run's start, "
+        "whatever it costs (within --verify-budget).",
+    ),
     time_budget: float | None = options.TimeBudget,
     baseline: str | None = typer.Option(None, "--baseline", help="Gate on this baseline file."),
     max_headroom: float | None = typer.Option(
@@ -130,6 +136,7 @@ def diagnose(
     settings = engine.DiagnoseOptions(
         verify=not no_verify,
         verify_budget=verify_budget,
+        verify_from_start=verify_from_start,
         measure_health=bool(junit_path) or max_headroom is not None,
         baseline=read_baseline(baseline) if baseline is not None else None,
         baseline_path=baseline,
@@ -235,20 +242,35 @@ def run_with_progress(
 ) -> Report:
     from nandoctor.diagnose import engine
     from nandoctor.render.terminal import StepProgress, print_header
+    from nandoctor.render.verifying import FixProgress
     from nandoctor.runtime.host_memory import keep_freed_memory
 
     keep_freed_memory()  # NB: the loop runs in this process: its steps reuse what they free
     progress = StepProgress(console, loaded.config.steps, enabled=not quiet)
+    fixes = FixProgress(console, enabled=not quiet)
 
     def on_session(session) -> None:
         if not quiet:
             print_header(console, command, shown_path, session)
         progress.__enter__()
 
+    def on_causes(report: Report) -> None:  # NB: where and why first, then the replays
+        progress.__exit__(None, None, None)
+        fixes.located(report)
+
     try:
-        return engine.diagnose(loaded, settings, on_session=on_session, on_step=progress.update)
+        return engine.diagnose(
+            loaded,
+            settings,
+            on_session=on_session,
+            on_step=progress.update,
+            on_causes=on_causes,
+            on_replay=fixes.replay,
+            on_replay_step=fixes.step,
+        )
     finally:
         progress.__exit__(None, None, None)
+        fixes.stop()
 
 
 def write_reports(

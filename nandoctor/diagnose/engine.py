@@ -5,7 +5,8 @@ against a baseline.
 Each stage returns its result (the fast run's `RunResult`, the replay's `Localization`,
 the causes, the health and the gate); `assemble` then builds the `Report` from them once.
 The engine knows nothing of terminals or exit codes: the CLI passes callbacks to show
-progress, gets the report back, and decides the exit code from it.
+progress (the run's steps; the report of where and why before the fixes are replayed,
+then each replay), gets the report back, and decides the exit code from it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nandoctor.diagnose.budgets import DEFAULT_VERIFY_BUDGET
 from nandoctor.diagnose.explain import case_of
 from nandoctor.diagnose.facts import environment_of, facts_of
 from nandoctor.diagnose.lr_history import LrHistory
+from nandoctor.diagnose.rewind import Replaying, Rewind, budget_after, step_seconds
 from nandoctor.diagnose.summary import (
     NOT_VERIFIED_ON_RANKS,
     REPLAY_INTERRUPTED,
@@ -54,12 +56,15 @@ from nandoctor.setup.session import Session, build_session
 from nandoctor.setup.torch_globals import forget_torch_globals
 
 SessionCallback = Callable[[Session], None]
+ReportCallback = Callable[[Report], None]
+ReplayCallback = Callable[[Replaying], None]
 
 
 @dataclass(frozen=True)
 class DiagnoseOptions:
     verify: bool = True
     verify_budget: float = DEFAULT_VERIFY_BUDGET
+    verify_from_start: bool = False  # every fix refuted from the snapshot, again from the start
     measure_health: bool = False  # the headroom probe on every step (CI gates, baselines)
     gate: bool = True  # judge the health measured (a baseline run records it, unjudged)
     baseline: Baseline | None = None
@@ -74,10 +79,15 @@ def diagnose(
     *,
     on_session: SessionCallback | None = None,
     on_step: StepCallback | None = None,
+    on_causes: ReportCallback | None = None,
+    on_replay: ReplayCallback | None = None,
+    on_replay_step: StepCallback | None = None,
 ) -> Report:
     """Run, replay, explain; the report of all of it (an interrupt leaves a partial one).
     The user's code raising during the run raises its `UserCodeError`, with the report of
-    the steps before (status "error") as its `report`."""
+    the steps before (status "error") as its `report`. `on_causes` gets the report of
+    where and why before the fixes are replayed; `on_replay` each replay as it starts,
+    `on_replay_step` its steps."""
     options = options or DiagnoseOptions()
     forget_torch_globals()  # what an earlier run's code set is not this run's
     session = build_session(loaded)
@@ -111,6 +121,7 @@ def diagnose(
         peer_hang_ends_run=ranks is not None and ranks.rank == 0,
         forecast=True,
     )
+    run_ended = time.perf_counter()
     findings = Findings(
         "diagnose",
         str(loaded.path),
@@ -140,7 +151,14 @@ def diagnose(
         findings.health = health_of(result.telemetry, result.events, headroom.peaks())
         if options.gate:
             findings.gate = _gate_of(findings, options)
-    _causes(findings, loaded, session, options, lrs, store)
+    rewind = Rewind(
+        by=budget_after(result, run_ended),
+        step_seconds=step_seconds(result),
+        always=options.verify_from_start,
+        on_replay=on_replay,
+        on_step=on_replay_step,
+    )
+    _causes(findings, loaded, session, options, lrs, store, rewind, on_causes)
     if session.ranks is not None:
         # NB: a rank that hung (status "error") would never reach the final barrier
         _leave(session, interrupted=result.status in (RunStatus.INTERRUPTED, RunStatus.ERROR))
@@ -263,11 +281,13 @@ def _causes(
     options: DiagnoseOptions,
     lrs: LrHistory,
     store: SnapshotStore,
+    rewind: Rewind,
+    on_causes: ReportCallback | None,
 ) -> None:
-    """The causes of a failure, ranked by the rules, then verified by replaying their
-    fixes within the budget (from the newest snapshot before the failure, where a fix
-    allows) and ranked again by what the replays showed (not in a distributed run: one
-    process replays them)."""
+    """The causes of a failure, ranked by the rules (shown to `on_causes`), then verified
+    by replaying their fixes within the budget (from the newest snapshot before the
+    failure, where a fix allows; from the start again as `rewind` says) and ranked again
+    by what the replays showed (not in a distributed run: one process replays them)."""
     result = findings.result
     facts = facts_of(session, result, session.config.checkpoint, lrs)
     case = case_of(result, findings.located, facts)
@@ -281,9 +301,11 @@ def _causes(
         return
     started = time.perf_counter()
     try:
+        if on_causes is not None and ranked:
+            on_causes(assemble(findings))
         deadline = started + options.verify_budget
         resume = store.resume_point(case.first.step)
-        findings.causes = whatif.verify_all(ranked, case, loaded, deadline, resume)
+        findings.causes = whatif.verify_all(ranked, case, loaded, deadline, resume, rewind)
     except KeyboardInterrupt:
         findings.interrupted = VERIFY_INTERRUPTED
     findings.verify_seconds = time.perf_counter() - started

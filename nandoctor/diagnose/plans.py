@@ -2,7 +2,8 @@
 `Change` is applied, or why it cannot be to this run), its cause's math patch attached, or
 the origin op guarded (`OriginGuardPatch`, made from the op and source line the replay
 named). A fix that applies to this run but that no replay can show is `Unplayable`, with
-the reason the report prints. diagnose/verify.py runs the plans.
+the reason the report prints. How far back each fix's effect reaches (`REACH`) decides
+where its replay starts. diagnose/verify.py runs the plans.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import Enum
 
 import torch
 
@@ -24,8 +26,27 @@ from nandoctor.runtime.safe_ops import family
 from nandoctor.setup.load import LoadedConfig
 from nandoctor.setup.session import Session
 
-# NB: loaded weights are zeroed as they are loaded: that fix is replayed from the run's start
-FROM_START = frozenset({Change.ZERO_NONFINITE_WEIGHTS})
+
+class Reach(Enum):
+    """How far back a fix's effect reaches: where its replay must start to show it."""
+
+    LOADED = "the weights as loaded"  # acts where the run starts: replayed from there only
+    HISTORY = "every step's update"  # the weights' whole trajectory: the snapshot may be late
+    LOCAL = "the failing step's math"  # acts where the run failed: the snapshot settles it
+
+
+# NB: by what each change does to the run, not by the cause that asks for it. A rate, a
+# clip or a dtype changes every update before the snapshot too: refuted from there, such a
+# fix may still hold from step 0. An eps raised or a bad batch skipped acts on the step
+# that failed, as a math patch or the origin op's guard does (`plan`: LOCAL)
+REACH: dict[Change, Reach] = {
+    Change.BFLOAT16: Reach.HISTORY,
+    Change.CLIP_GRAD_NORM: Reach.HISTORY,
+    Change.SMALLER_LR: Reach.HISTORY,
+    Change.OPTIMIZER_EPS: Reach.LOCAL,
+    Change.SKIP_NONFINITE_BATCHES: Reach.LOCAL,
+    Change.ZERO_NONFINITE_WEIGHTS: Reach.LOADED,
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,12 @@ class Plan:
     patch: Callable[[], MathPatch] | None = None
     skip_nonfinite_batches: bool = False
     prepare: Callable[[Session], None] | None = None
-    from_start: bool = False  # its effect needs the whole history: never resumed
+    reach: Reach = Reach.LOCAL
+
+    @property
+    def from_start(self) -> bool:
+        """Never resumed from a snapshot: its effect is where the run starts."""
+        return self.reach is Reach.LOADED
 
 
 Applier = Callable[[Case, LoadedConfig], Plan | None]
@@ -212,8 +238,8 @@ def plan(cause_id: str, fix: Fix, case: Case, loaded: LoadedConfig) -> Plan | Un
         guard = OriginGuardPatch(site)
         return Plan(f"with {guard.describe}", loaded, patch=lambda: OriginGuardPatch(site))
     changed = Plan("", loaded) if fix.change is None else CHANGES[fix.change.name](case, loaded)
-    if changed is not None and fix.change in FROM_START:
-        changed = replace(changed, from_start=True)
+    if changed is not None and fix.change is not None:
+        changed = replace(changed, reach=REACH[fix.change])
     if changed is None or not fix.patch:
         return changed
     patch = PATCHES[cause_id]

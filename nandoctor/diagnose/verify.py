@@ -13,11 +13,12 @@ checkpoint with the fix applied: a fresh session of the fixed config gets the sn
 weights, optimizer state, loss scale, scheduler and RNG states, skips the batches before
 it (the stream draws its own randomness, so they are the batches the run saw) and runs
 **past the failing step by `MIN_HORIZON` steps**. Its cost follows the horizon, not the
-steps to the failure. Fixes whose effect builds up over the whole run (`FROM_START`:
-weights zeroed when loaded) are replayed from the run's start instead (the same seed, or
+steps to the failure. A fix whose effect is where the run starts (`plans.Reach.LOADED`:
+weights zeroed when loaded) is replayed from the run's start instead (the same seed, or
 the checkpoint), past the failing step by a quarter of the steps to it (at least 32); so
-is a fix refuted from the snapshot, when the time budget allows, since what broke may have
-begun before the snapshot. The sentence says from which step the fix was applied.
+is a fix refuted from the snapshot whose effect builds up over the run, when the replay
+fits the budget of rewind.py (`Rewind`), since what broke may have begun before the
+snapshot. The sentence says from which step the fix was applied.
 
 A replay is judged as the run is (the same sentinel and judge: each GradScaler skip
 rechecked at loss scale 1, so a NaN the scaler hid is a failure there too). Surviving the
@@ -43,6 +44,7 @@ from nandoctor.causes.unit import fixes_for
 from nandoctor.causes.words import num, plural
 from nandoctor.diagnose.learning import learning_of, reference_loss
 from nandoctor.diagnose.plans import Plan, Unplayable, plan
+from nandoctor.diagnose.rewind import Rewind
 from nandoctor.errors import NandoctorError, out_of_memory
 from nandoctor.report.types import Cause
 from nandoctor.runtime.fast_run import fast_run
@@ -78,10 +80,11 @@ def verify_all(
     loaded: LoadedConfig,
     deadline: float,
     resume: StateSnapshot | None = None,
+    rewind: Rewind = Rewind(),
 ) -> list[Cause]:
     """Every cause with its fix replayed (within the budget), re-ranked by the replays;
     from `resume`, the newest snapshot before the failure, where a fix allows it."""
-    checked = [check(cause, case, loaded, deadline, resume) for cause in causes]
+    checked = [check(cause, case, loaded, deadline, resume, rewind) for cause in causes]
     return rerank(_behind_others(checked))
 
 
@@ -126,10 +129,12 @@ def check(
     loaded: LoadedConfig,
     deadline: float,
     resume: StateSnapshot | None = None,
+    rewind: Rewind = Rewind(),
 ) -> tuple[Cause, FixOutcome]:
     """Replay the cause's fixes in order until one holds; the cause with the verdict of
     the best one (the sentences of those tried before it kept in front of its own)."""
     verdicts: list[FixOutcome] = []
+    rewind = rewind.of(cause.id)
     for fix in fixes_for(FIXES.get(cause.id, ()), case.first.phase) if case is not None else []:
         replayed = plan(cause.id, fix, case, loaded)
         if replayed is None:
@@ -137,7 +142,7 @@ def check(
         if isinstance(replayed, Unplayable):  # NB: said only when no other fix ran
             verdicts.append(FixOutcome(Replay.NOT_REPLAYED, f"not replayed: {replayed.why}", False))
             continue
-        verdicts.append(_replay(replayed, case, loaded, deadline, resume))
+        verdicts.append(_replay(replayed, case, loaded, deadline, resume, rewind))
         if verdicts[-1].replay is Replay.HELD:
             break
     if not verdicts:
@@ -163,22 +168,35 @@ def horizon(case: Case) -> int:
 
 
 def _replay(
-    plan: Plan, case: Case, original: LoadedConfig, deadline: float, resume: StateSnapshot | None
+    plan: Plan,
+    case: Case,
+    original: LoadedConfig,
+    deadline: float,
+    resume: StateSnapshot | None,
+    rewind: Rewind,
 ) -> FixOutcome:
     """From the snapshot where the plan allows it; from the start where it must, or where
-    the snapshot's replay was refuted and a whole replay still fits the budget."""
+    the snapshot's replay was refuted and `rewind` replays it again from there."""
     if resume is None or plan.from_start or resume.step <= case.facts.start_step:
-        return run_plan(plan, case, deadline)
+        return run_plan(plan, case, deadline, rewind=rewind)
     started = time.perf_counter()
-    resumed = run_plan(plan, case, deadline, Resume(resume, original))
+    resumed = run_plan(plan, case, deadline, Resume(resume, original), rewind)
     if resumed.replay is not Replay.REFUTED:
         return resumed
-    per_step = (time.perf_counter() - started) / max(1, case.first.step + MIN_HORIZON - resume.step)
-    whole = case.first.step + horizon(case) - case.facts.start_step
-    if time.perf_counter() + per_step * whole > deadline:
-        return resumed
-    again = run_plan(plan, case, deadline)
+    per_step = rewind.step_seconds or (time.perf_counter() - started) / max(
+        1, case.first.step + MIN_HORIZON - resume.step
+    )
+    start = case.facts.start_step
+    whole = case.first.step + horizon(case) - start + 1
+    why_not = rewind.why_not(plan, start, whole, per_step, deadline)
+    refuted = f"{resumed.sentence}; refuted from step {resume.step}"
+    if why_not is not None:
+        return replace(resumed, sentence=f"{refuted}{why_not}")
+    again = run_plan(plan, case, deadline, rewind=rewind)
     said_again = again.sentence.removeprefix(f"{plan.describe}, ")
+    if again.replay is Replay.NOT_REPLAYED:  # NB: out of time on the way: the refutation stands
+        why = again.sentence.removeprefix(f"not verified {plan.describe}: ")
+        return replace(resumed, sentence=f"{refuted} only: replayed from step {start}, {why}")
     return FixOutcome(again.replay, f"{resumed.sentence}; {said_again}", again.applied, again.end)
 
 
@@ -224,7 +242,13 @@ def _factor(before: Any, after: Any) -> float | None:
     return after / before if numbers and before else None
 
 
-def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = None) -> FixOutcome:
+def run_plan(
+    plan: Plan,
+    case: Case,
+    deadline: float,
+    resume: Resume | None = None,
+    rewind: Rewind = Rewind(),
+) -> FixOutcome:
     """Replay `plan` from the run's start, or from `resume`, past the failing step."""
     start = resume.snapshot.step if resume is not None else case.facts.start_step
     target = case.first.step + (MIN_HORIZON if resume is not None else horizon(case))
@@ -233,6 +257,7 @@ def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = No
         return FixOutcome(
             Replay.NOT_REPLAYED, f"not verified {plan.describe}: the time budget ran out"
         )
+    rewind.started(plan, start, target, resumed=resume is not None)
     patch = plan.patch() if plan.patch else None
     try:
         session = build_session(plan.loaded)
@@ -245,6 +270,7 @@ def run_plan(plan: Plan, case: Case, deadline: float, resume: Resume | None = No
         result = fast_run(
             session, steps, probe=patch or Probe(), deadline=deadline,
             skip_nonfinite_batches=plan.skip_nonfinite_batches, batches=batches,
+            on_step=rewind.on_step,
         )  # fmt: skip
     except NandoctorError as e:
         why = f"not verified {plan.describe}: the replay failed: {e.message}"

@@ -15,7 +15,7 @@ from nandoctor.causes.index import FIXES
 from nandoctor.causes.ranking import Replay, rerank
 from nandoctor.causes.unit import GUARD_ORIGIN, Change, Fix
 from nandoctor.diagnose.engine import DiagnoseOptions, diagnose
-from nandoctor.diagnose.plans import CHANGES, FROM_START, Plan, applies, origin_site, plan
+from nandoctor.diagnose.plans import CHANGES, REACH, Plan, Reach, applies, origin_site, plan
 from nandoctor.diagnose.verify import (
     FixOutcome,
     Resume,
@@ -138,7 +138,7 @@ def test_a_replay_resumed_from_a_snapshot_sees_the_run_as_it_was():
 
 
 def test_only_fixes_that_need_the_whole_history_replay_from_the_start():
-    assert {Change.ZERO_NONFINITE_WEIGHTS} == FROM_START
+    assert {c for c, r in REACH.items() if r is Reach.LOADED} == {Change.ZERO_NONFINITE_WEIGHTS}
     loaded = load_config(CONFIGS / "nonfinite-parameters.yaml")
     zeroed = plan("nonfinite-parameters", Fix(Change.ZERO_NONFINITE_WEIGHTS), case(None), loaded)
     bf16 = plan("fp16-overflow", Fix(Change.BFLOAT16), case("aten.mm.default"), loaded)
