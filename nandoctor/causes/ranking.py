@@ -11,7 +11,10 @@ telemetry, so after the replays the order is, deterministically:
 2. causes whose fix held, but left the run's loss far above (10x) where another held fix
    left it (`BEHIND`: finite and learning, yet not the fix that made it train), by
    confidence;
-3. causes whose fix kept the run finite but stopped it learning, their confidence x 0.8;
+3. causes whose fix kept the run finite but stopped it learning, and causes whose fix
+   acts over the whole run (a learning rate, a clip, a dtype) and was refuted only from a
+   snapshot shortly before the failure (`REFUTED_LATE`: too late to tell; replaying it
+   from step 0 did not fit the budget), their confidence x 0.8;
 4. causes whose fix was refuted (the run still went non-finite), their confidence x 0.5.
 
 A cause whose fix held therefore always outranks one whose fix was refuted. Ties keep the
@@ -35,6 +38,9 @@ class Replay(str, Enum):
     BEHIND = "held-behind"  # held, its loss ending far above another held fix's
     STOPPED_LEARNING = "stopped-learning"  # finite, but the loss stalled or diverged
     REFUTED = "refuted"  # still went non-finite
+    # still went non-finite, applied only from a snapshot shortly before the failure: a
+    # fix whose effect builds up over the run, not replayed from step 0 (the budget)
+    REFUTED_LATE = "refuted-late"
     NOT_REPLAYED = "not-replayed"  # no fix to apply, nothing rewritten, or no time left
 
 
@@ -49,6 +55,7 @@ _STANDING = {
     Replay.NOT_REPLAYED: (0, 1.0),
     Replay.BEHIND: (1, 1.0),
     Replay.STOPPED_LEARNING: (2, 0.8),
+    Replay.REFUTED_LATE: (2, 0.8),
     Replay.REFUTED: (3, 0.5),
 }
 

@@ -43,7 +43,7 @@ from nandoctor.causes.ranking import FAR_BEHIND, Replay, rerank
 from nandoctor.causes.unit import fixes_for
 from nandoctor.causes.words import num, plural
 from nandoctor.diagnose.learning import learning_of, reference_loss
-from nandoctor.diagnose.plans import Plan, Unplayable, plan
+from nandoctor.diagnose.plans import Plan, Reach, Unplayable, plan
 from nandoctor.diagnose.rewind import Rewind
 from nandoctor.errors import NandoctorError, out_of_memory
 from nandoctor.report.types import Cause
@@ -151,7 +151,13 @@ def check(
     return replace(cause, verified=best.verified, verification=best.sentence), best
 
 
-_BEST_FIRST = (Replay.HELD, Replay.STOPPED_LEARNING, Replay.REFUTED, Replay.NOT_REPLAYED)
+_BEST_FIRST = (
+    Replay.HELD,
+    Replay.STOPPED_LEARNING,
+    Replay.REFUTED_LATE,
+    Replay.REFUTED,
+    Replay.NOT_REPLAYED,
+)
 
 
 def combined(verdicts: list[FixOutcome]) -> FixOutcome:
@@ -190,13 +196,16 @@ def _replay(
     whole = case.first.step + horizon(case) - start + 1
     why_not = rewind.why_not(plan, start, whole, per_step, deadline)
     refuted = f"{resumed.sentence}; refuted from step {resume.step}"
+    # NB: a fix acting over the whole run, refuted from the snapshot alone, is refuted late
+    late = Replay.REFUTED_LATE if plan.reach is Reach.HISTORY else Replay.REFUTED
     if why_not is not None:
-        return replace(resumed, sentence=f"{refuted}{why_not}")
+        return replace(resumed, replay=late, sentence=f"{refuted}{why_not}")
     again = run_plan(plan, case, deadline, rewind=rewind)
     said_again = again.sentence.removeprefix(f"{plan.describe}, ")
     if again.replay is Replay.NOT_REPLAYED:  # NB: out of time on the way: the refutation stands
         why = again.sentence.removeprefix(f"not verified {plan.describe}: ")
-        return replace(resumed, sentence=f"{refuted} only: replayed from step {start}, {why}")
+        sentence = f"{refuted} only: replayed from step {start}, {why}"
+        return replace(resumed, replay=late, sentence=sentence)
     return FixOutcome(again.replay, f"{resumed.sentence}; {said_again}", again.applied, again.end)
 
 

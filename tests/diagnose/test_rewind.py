@@ -15,11 +15,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from nandoctor.causes.ranking import Replay, rerank
 from nandoctor.causes.unit import Change, Fix
 from nandoctor.cli import app
 from nandoctor.diagnose.plans import REACH, Reach, plan
 from nandoctor.diagnose.rewind import Replaying, Rewind
-from nandoctor.diagnose.verify import check, horizon
+from nandoctor.diagnose.verify import FixOutcome, check, horizon
 from nandoctor.report.types import Cause
 from nandoctor.runtime.fast_run import fast_run
 from nandoctor.runtime.snapshot import SnapshotStore
@@ -65,12 +66,19 @@ def late_snapshot(lr_jump):
 
 def checked(late_snapshot, cause_id: str, rewind: Rewind) -> tuple[Cause, list[Replaying]]:
     """The cause's fixes replayed as `rewind` says; the replays, as they started."""
+    cause, _, replays = outcome_of(late_snapshot, cause_id, rewind)
+    return cause, replays
+
+
+def outcome_of(
+    late_snapshot, cause_id: str, rewind: Rewind
+) -> tuple[Cause, FixOutcome, list[Replaying]]:
     loaded, c, snapshot = late_snapshot
     replays: list[Replaying] = []
     rewind = replace(rewind, on_replay=replays.append)
     cause = Cause(cause_id, "", 0.5)
-    verified, _verdict = check(cause, c, loaded, time.perf_counter() + 120, snapshot, rewind)
-    return verified, replays
+    verified, outcome = check(cause, c, loaded, time.perf_counter() + 120, snapshot, rewind)
+    return verified, outcome, replays
 
 
 def test_a_refuted_local_fix_is_not_replayed_from_the_start(late_snapshot):
@@ -119,7 +127,8 @@ def test_a_refuted_history_fix_over_the_budget_says_it_was_refuted_from_the_snap
     option that makes it."""
     _, c, snapshot = late_snapshot
     spent = Rewind(by=time.perf_counter() - 1, step_seconds=1.0, short=(0, 10.0))
-    cause, replays = checked(late_snapshot, "learning-rate-too-high", spent)
+    cause, outcome, replays = outcome_of(late_snapshot, "learning-rate-too-high", spent)
+    assert outcome.replay is Replay.REFUTED_LATE  # too late to tell, not refuted
     assert [(r.start, r.resumed) for r in replays] == [(snapshot.step, True)]
     assert cause.verified is False
     steps = c.first.step + horizon(c) + 1
@@ -131,6 +140,22 @@ def test_a_refuted_history_fix_over_the_budget_says_it_was_refuted_from_the_snap
     assert [r.start for r in replays] == [snapshot.step, 0]
     _, replays = checked(late_snapshot, "learning-rate-too-high", replace(spent, short=(steps, 0)))
     assert [r.start for r in replays] == [snapshot.step, 0]  # a short one is made all the same
+
+
+def test_a_history_fix_refuted_late_ranks_above_a_refuted_one(late_snapshot):
+    """A rate lowered a few steps before the failure, with no replay from step 0 to say
+    more, is no refutation of the rate: it ranks with a fix that stopped the run learning
+    (x0.8), above a fix refuted from the start, whatever their rules' confidence; a local
+    fix refuted from the snapshot is refuted (x0.5)."""
+    _, local, _ = outcome_of(late_snapshot, "nonfinite-input", Rewind())
+    assert local.replay is Replay.REFUTED
+    lr = Cause("learning-rate-too-high", "", 0.5)
+    clip = Cause("exploding-gradients", "", 0.9)
+    ranked = rerank([(clip, Replay.REFUTED), (lr, Replay.REFUTED_LATE)])
+    assert [(c.id, c.confidence) for c in ranked] == [
+        ("learning-rate-too-high", 0.4),
+        ("exploding-gradients", 0.45),
+    ]
 
 
 def test_how_far_a_fix_reaches_is_data_for_every_change():
